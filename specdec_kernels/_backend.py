@@ -1,0 +1,78 @@
+"""Backend resolution: which implementation runs a call, or why none can.
+
+Resolved on the host from metadata only (device type, what is built), before
+the registered op is called, so a wrong request fails early with a reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from . import _extension
+
+BACKENDS = ("auto", "reference", "triton", "cuda")
+
+# Ops with a Triton kernel (kernels/<op>.py) and with a CUDA kernel in the
+# extension (csrc/<op>.cu); every op has a reference.
+TRITON_OPS = frozenset({"chain_verify"})
+
+
+def triton_interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_import_error() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except Exception as error:  # pragma: no cover - depends on the machine
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _triton_unavailable(op_name: str, device: torch.device) -> str | None:
+    if op_name not in TRITON_OPS:
+        return f"there is no Triton kernel for {op_name} yet"
+    if triton_import_error() is not None:
+        return f"triton cannot be imported ({triton_import_error()})"
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu" and triton_interpreter_enabled():
+        return None
+    return (
+        f"Triton runs on CUDA tensors, or on CPU tensors with TRITON_INTERPRET=1 set before triton is "
+        f"imported; the tensors are on {device}"
+    )
+
+
+def _cuda_unavailable(op_name: str, device: torch.device) -> str | None:
+    if not _extension.cuda_extension_available():
+        return f"the CUDA extension specdec_kernels._C is not built or failed to load ({_extension.extension_error()})"
+    if op_name not in _extension.extension_ops():
+        return f"the CUDA extension has no kernel for {op_name} yet"
+    if device.type != "cuda":
+        return f"the CUDA backend needs CUDA tensors; the tensors are on {device}"
+    return None
+
+
+def resolve(op_name: str, backend: str, device: torch.device) -> str:
+    """The concrete backend for ``backend`` on ``device``; ``RuntimeError`` says why not."""
+    if backend not in BACKENDS:
+        raise ValueError(f"{op_name}: `backend` must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+    if backend == "auto":
+        if device.type != "cuda":
+            return "reference"
+        if _cuda_unavailable(op_name, device) is None:
+            return "cuda"
+        if _triton_unavailable(op_name, device) is None:
+            return "triton"
+        return "reference"
+    reason = {"reference": lambda *_: None, "triton": _triton_unavailable, "cuda": _cuda_unavailable}[backend](
+        op_name, device
+    )
+    if reason is not None:
+        raise RuntimeError(f"{op_name}: backend {backend!r} cannot run: {reason}")
+    return backend

@@ -1,0 +1,98 @@
+"""Host-side argument checks with errors that name the argument.
+
+Only metadata (shape, dtype, device) is read, never values, so the checks
+cost no device synchronisation. Value checks (ids in range, tree structure)
+live with each op and run only under ``validate=True``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TOKEN_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join("*" if size is None else str(size) for size in shape) + "]"
+
+
+def _dtype_text(dtypes) -> str:
+    return " or ".join(str(dtype).replace("torch.", "") for dtype in dtypes)
+
+
+class Checker:
+    """Checks the arguments of one op call; every message starts with the op name."""
+
+    def __init__(self, op_name: str, device: torch.device):
+        self.op_name = op_name
+        self.device = device
+
+    def fail(self, message: str, error=ValueError):
+        raise error(f"{self.op_name}: {message}")
+
+    def tensor(self, name: str, value, shape, dtypes, symbols: str | None = None) -> torch.Tensor:
+        """Check ``value`` is a tensor on the op's device with ``shape`` and a dtype in ``dtypes``.
+
+        ``shape`` holds ints or ``None`` (any size); ``symbols`` names the
+        dims (e.g. ``"[B, K+1, V]"``) so the message says what was expected.
+        """
+        if not isinstance(value, torch.Tensor):
+            self.fail(f"`{name}` must be a torch.Tensor; got {type(value).__name__}", TypeError)
+        if value.dtype not in dtypes:
+            self.fail(f"`{name}` must have dtype {_dtype_text(dtypes)}; got {_dtype_text([value.dtype])}", TypeError)
+        expected = _shape_text(shape)
+        described = f"{symbols} = {expected}" if symbols else expected
+        if value.dim() != len(shape) or any(
+            size is not None and actual != size for actual, size in zip(value.shape, shape)
+        ):
+            self.fail(f"`{name}` must have shape {described}; got {_shape_text(value.shape)}")
+        if value.device != self.device:
+            self.fail(f"`{name}` must be on {self.device} like the other tensors; got {value.device}")
+        return value
+
+    def optional_tensor(self, name: str, value, shape, dtypes, symbols: str | None = None):
+        return None if value is None else self.tensor(name, value, shape, dtypes, symbols)
+
+    def choice(self, name: str, value, choices):
+        if value not in choices:
+            self.fail(f"`{name}` must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        return value
+
+    def random_state(self, batch_size: int, seed, offset):
+        """Check ``seed`` (int or int64 ``[B]``) and ``offset`` (int or int64 ``[]``/``[B]``)."""
+        if isinstance(seed, torch.Tensor):
+            self.tensor("seed", seed, (batch_size,), (torch.int64,), "[B]")
+        elif not isinstance(seed, int) or isinstance(seed, bool):
+            self.fail(f"`seed` must be an int or an int64 tensor of shape [B]; got {type(seed).__name__}", TypeError)
+        if isinstance(offset, torch.Tensor):
+            if offset.dim() == 0:
+                self.tensor("offset", offset, (), (torch.int64,), "[]")
+            else:
+                self.tensor("offset", offset, (batch_size,), (torch.int64,), "[B]")
+        elif not isinstance(offset, int) or isinstance(offset, bool):
+            self.fail(
+                f"`offset` must be an int or an int64 tensor of shape [] or [B]; got {type(offset).__name__}",
+                TypeError,
+            )
+
+
+def split_random_state(seed, offset):
+    """``(seed_tensor, seed_int, offset_tensor, offset_int)`` for the op schemas.
+
+    Python ints wrap to signed 64 bits (the RNG reads two's complement), so
+    any int is accepted, and graph capture bakes them in as constants.
+    """
+
+    def wrap(value: int) -> int:
+        value &= 0xFFFFFFFFFFFFFFFF
+        return value - 2**64 if value >= 2**63 else value
+
+    seed_tensor, seed_int = (seed, 0) if isinstance(seed, torch.Tensor) else (None, wrap(seed))
+    offset_tensor, offset_int = (offset, 0) if isinstance(offset, torch.Tensor) else (None, wrap(offset))
+    return seed_tensor, seed_int, offset_tensor, offset_int
+
+
+def random_state_from_schema(seed_tensor, seed, offset_tensor, offset):
+    """Inverse of :func:`split_random_state` for the implementations."""
+    return (seed if seed_tensor is None else seed_tensor), (offset if offset_tensor is None else offset_tensor)

@@ -1,0 +1,1 @@
+"""Public ops: each module validates, allocates and dispatches one op."""

@@ -1,0 +1,125 @@
+"""``sk.tree_verify``: validate, allocate, dispatch."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _backend, _library, _validation
+from ..reference import tree_verify as reference
+
+OP_NAME = "tree_verify"
+DRAFT_SAMPLING = ("without_replacement", "with_replacement")
+
+
+def tree_verify(
+    tree_token_ids,
+    parents,
+    target,
+    draft=None,
+    *,
+    num_nodes=None,
+    temperature=None,
+    logits=False,
+    draft_sampling="without_replacement",
+    seed=0,
+    offset=0,
+    backend="auto",
+    validate=False,
+):
+    """Exact speculative verification of a draft tree.
+
+    From the root, children are tried in increasing node index; child ``c``
+    is accepted with probability ``min(1, p(c)/q(c))`` under the current
+    residual target ``p`` and proposal ``q``. A rejection sets
+    ``p <- normalise(max(0, p - q))`` (and, without replacement, removes the
+    child's token from ``q``). When every child is rejected, or at a leaf,
+    one token is drawn from the current ``p``. The emitted tokens follow the
+    target exactly in every draft mode.
+
+    Parameters
+    ----------
+    tree_token_ids : Tensor, int32 or int64 ``[B, N]``
+        Token of each node; node 0 is the root (last committed token).
+    parents : Tensor, int32 ``[B, N]``
+        ``parents[b, 0] == -1`` and ``0 <= parents[b, i] < i``. Nodes whose
+        parent breaks this are never visited (``validate=True`` raises).
+    target : Tensor ``[B, N, V]``
+        Target distribution following each node.
+    draft : Tensor ``[B, N, V]`` or None
+        Distribution node ``i``'s children were drawn from; ``None``:
+        deterministic candidates (top-k trees).
+    num_nodes : Tensor, int32 ``[B]``, optional
+        Nodes per request, ``1 <= n_b <= N``.
+    temperature, logits, seed, offset, backend, validate
+        As in :func:`specdec_kernels.chain_verify`.
+    draft_sampling : {"without_replacement", "with_replacement"}
+        How the children of a node were drawn from ``draft``.
+
+    Returns
+    -------
+    accepted_nodes : Tensor, int32 ``[B, N]``
+        The accepted path's node indices, starting with 0, then ``-1``.
+    output_token_ids : Tensor, int32 ``[B, N]``
+        Tokens of the accepted nodes after the root, then the emitted token.
+    num_accepted : Tensor, int32 ``[B]``
+        Accepted nodes after the root.
+
+    Examples
+    --------
+    >>> import torch, specdec_kernels as sk
+    >>> parents = torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32)
+    >>> tokens = torch.tensor([[5, 1, 2, 3]])
+    >>> target = torch.softmax(torch.randn(1, 4, 8), -1)
+    >>> nodes, out, count = sk.tree_verify(tokens, parents, target, seed=3)
+    >>> int(nodes[0, 0])
+    0
+    """
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{OP_NAME}: `target` must be a torch.Tensor; got {type(target).__name__}")
+    check = _validation.Checker(OP_NAME, target.device)
+    check.tensor("target", target, (None, None, None), _validation.FLOAT_DTYPES, "[B, N, V]")
+    batch_size, max_nodes, vocab_size = target.shape
+    if max_nodes < 1 or vocab_size < 1:
+        check.fail(f"`target` must have shape [B, N, V] with N >= 1 and V >= 1; got {list(target.shape)}")
+    check.tensor("tree_token_ids", tree_token_ids, (batch_size, max_nodes), _validation.TOKEN_DTYPES, "[B, N]")
+    check.tensor("parents", parents, (batch_size, max_nodes), (torch.int32,), "[B, N]")
+    check.optional_tensor("draft", draft, (batch_size, max_nodes, vocab_size), _validation.FLOAT_DTYPES, "[B, N, V]")
+    check.optional_tensor("num_nodes", num_nodes, (batch_size,), (torch.int32,), "[B]")
+    check.optional_tensor("temperature", temperature, (batch_size,), (torch.float32,), "[B]")
+    if not isinstance(logits, bool):
+        check.fail(f"`logits` must be a bool; got {type(logits).__name__}", TypeError)
+    check.choice("draft_sampling", draft_sampling, DRAFT_SAMPLING)
+    check.random_state(batch_size, seed, offset)
+    resolved = _backend.resolve(OP_NAME, backend, target.device)
+    if validate:
+        try:
+            reference.validate_tree(parents, num_nodes, tree_token_ids, vocab_size)
+        except ValueError as error:
+            check.fail(str(error))
+        if temperature is not None and bool((~(temperature >= 0) | ~torch.isfinite(temperature)).any()):
+            check.fail("`temperature` must be finite and >= 0 (0 means greedy)")
+    seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
+    return _library.op(OP_NAME)(
+        tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
+        seed_tensor, seed_int, offset_tensor, offset_int, resolved,
+    )
+
+
+def _reference(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
+               seed_tensor, seed, offset_tensor, offset):
+    seed, offset = _validation.random_state_from_schema(seed_tensor, seed, offset_tensor, offset)
+    return reference.tree_verify(
+        tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling, seed, offset
+    )
+
+
+def _fake(tree_token_ids, parents, target, *args):
+    batch_size, max_nodes, _ = target.shape
+    return (
+        target.new_empty((batch_size, max_nodes), dtype=torch.int32),
+        target.new_empty((batch_size, max_nodes), dtype=torch.int32),
+        target.new_empty((batch_size,), dtype=torch.int32),
+    )
+
+
+_library.register(OP_NAME, {"reference": _reference}, _fake)

@@ -1,0 +1,82 @@
+"""Reference chain verification: the definition every chain kernel matches.
+
+Vectorised over the batch; no loop over requests, positions or vocabulary.
+Only the row where the target's token is chosen is sampled, so the cost of
+the random numbers is ``B * V``, not ``B * K * V``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import rng
+from . import _sampling
+
+
+def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits, seed, offset):
+    """See ``specdec_kernels.chain_verify``; arguments are already validated.
+
+    Decision rule per request ``b`` with ``n_b`` drafts ``t_0..t_{n_b-1}``:
+
+    * position ``i`` accepts ``t_i`` iff it is a valid id and
+      ``u_i * q_i(t_i) < p_i(t_i)`` (``u_i`` from the acceptance stream at
+      position ``i``; ``q`` one-hot when ``draft`` is None); greedy requests
+      accept iff ``t_i`` is the argmax of target row ``i``;
+    * ``j`` = the first position not accepted (``n_b`` if all were);
+    * the emitted token is drawn at position ``j`` from ``max(0, p_j - q_j)``
+      after a rejection of a valid id, from ``p_j`` otherwise (bonus row, an
+      invalid id, or a residual without mass), by the exponential race on
+      the sample stream at position ``j``; greedy requests emit the argmax.
+    """
+    batch_size, max_drafts = draft_token_ids.shape
+    vocab_size = target.shape[-1]
+    device = target.device
+    rows = torch.arange(batch_size, device=device)
+    positions = torch.arange(max_drafts, device=device)
+
+    target_probs = _sampling.probabilities(target, temperature, logits)
+    draft_probs = None if draft is None else _sampling.probabilities(draft, temperature, logits)
+    greedy = _sampling.greedy_requests(temperature, batch_size, device)
+    if num_draft_tokens is None:
+        num_drafts = torch.full((batch_size,), max_drafts, dtype=torch.int64, device=device)
+    else:
+        num_drafts = num_draft_tokens.to(torch.int64)
+
+    token_ids = draft_token_ids.to(torch.int64)
+    valid = (token_ids >= 0) & (token_ids < vocab_size)
+    safe_ids = torch.where(valid, token_ids, 0)
+    target_at_draft = target_probs[:, :max_drafts].gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
+    if draft_probs is None:
+        draft_at_draft = torch.ones_like(target_at_draft)
+    else:
+        draft_at_draft = draft_probs.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
+
+    keys = rng.RequestKeys(seed, offset, batch_size, device)
+    uniforms = _sampling.acceptance_uniforms(keys, positions.view(1, -1).expand(batch_size, -1))
+    sampled_accept = _sampling.accept(uniforms, target_at_draft, draft_at_draft)
+    greedy_accept = token_ids == _sampling.greedy_tokens(target[:, :max_drafts])
+    accepted = valid & torch.where(greedy.view(-1, 1), greedy_accept, sampled_accept)
+    accepted &= positions.view(1, -1) < num_drafts.view(-1, 1)
+    num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+
+    # The one row where the target chooses: residual after rejecting a valid
+    # id, else p (bonus row at n_b; column K is padding for n_b == K).
+    stop = num_accepted
+    target_row = target_probs[rows, stop]
+    padded_valid = torch.nn.functional.pad(valid, (0, 1), value=False)
+    rejected_valid = (stop < num_drafts) & padded_valid[rows, stop]
+    if max_drafts == 0:
+        draft_row = target_row  # unused: there is nothing to reject
+    elif draft_probs is None:
+        stop_token = safe_ids[rows, stop.clamp_max(max_drafts - 1)]
+        draft_row = torch.nn.functional.one_hot(stop_token, vocab_size).to(torch.float32)
+    else:
+        draft_row = draft_probs[rows, stop.clamp_max(max_drafts - 1)]
+    mass = torch.where(rejected_valid.view(-1, 1), _sampling.residual(target_row, draft_row), target_row)
+    sampled = _sampling.race_sample(keys, stop, mass)
+    emitted = torch.where(greedy, _sampling.greedy_tokens(target[rows, stop]), sampled)
+
+    output = torch.full((batch_size, max_drafts + 1), -1, dtype=torch.int32, device=device)
+    output[:, :max_drafts] = torch.where(positions.view(1, -1) < stop.view(-1, 1), token_ids, -1).to(torch.int32)
+    output[rows, stop] = emitted.to(torch.int32)
+    return output, num_accepted.to(torch.int32)

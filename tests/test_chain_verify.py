@@ -1,0 +1,261 @@
+"""chain_verify: edge cases, invariants, RNG contract and argument checks.
+
+Every test runs on each backend that can run here; kernels must equal the
+reference bit for bit with probability inputs (``test_backends_match_reference``).
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import specdec_kernels as sk
+from conftest import ALL_BACKENDS, backend_or_skip
+from markov import SIGNIFICANCE
+
+
+def random_case(batch_size, max_drafts, vocab_size, *, seed, dtype=torch.float32, device="cpu", sharp=1.0):
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.softmax(torch.randn(batch_size, max_drafts + 1, vocab_size, generator=generator) * sharp, -1)
+    draft = torch.softmax(torch.randn(batch_size, max_drafts, vocab_size, generator=generator) * sharp, -1)
+    draft_ids = torch.multinomial(draft.reshape(-1, vocab_size), 1, generator=generator).view(batch_size, max_drafts)
+    num_drafts = torch.randint(0, max_drafts + 1, (batch_size,), generator=generator, dtype=torch.int32)
+    return (draft_ids.to(device), target.to(dtype).to(device), draft.to(dtype).to(device), num_drafts.to(device))
+
+
+def expected_counts(probabilities: torch.Tensor, total: int) -> np.ndarray:
+    weights = probabilities.double().numpy()
+    return weights / weights.sum() * total
+
+
+def check_invariants(output, num_accepted, draft_ids, num_drafts, vocab_size):
+    batch_size, width = output.shape
+    assert output.dtype == torch.int32 and num_accepted.dtype == torch.int32
+    assert output.shape == (batch_size, draft_ids.shape[1] + 1) and num_accepted.shape == (batch_size,)
+    output, num_accepted = output.cpu().long(), num_accepted.cpu().long()
+    draft_ids = draft_ids.cpu().long()
+    limit = num_drafts.cpu().long() if num_drafts is not None else torch.full((batch_size,), width - 1)
+    assert bool(((num_accepted >= 0) & (num_accepted <= limit)).all())
+    positions = torch.arange(width).view(1, -1)
+    accepted = positions < num_accepted.view(-1, 1)
+    assert bool((output[:, :-1][accepted[:, :-1]] == draft_ids[accepted[:, :-1]]).all())
+    emitted = output[torch.arange(batch_size), num_accepted]
+    assert bool(((emitted >= 0) & (emitted < vocab_size)).all())
+    assert bool((output[positions > num_accepted.view(-1, 1)] == -1).all())
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("batch_size, max_drafts, vocab_size", [(1, 1, 7), (5, 3, 111), (7, 7, 1000), (3, 4, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_backends_match_reference(backend, batch_size, max_drafts, vocab_size, dtype, device):
+    backend_or_skip("chain_verify", backend)
+    draft_ids, target, draft, num_drafts = random_case(batch_size, max_drafts, vocab_size, seed=vocab_size,
+                                                       dtype=dtype, device=device)
+    for offset in range(3):
+        kwargs = dict(num_draft_tokens=num_drafts, seed=42, offset=offset)
+        expected = sk.chain_verify(draft_ids, target, draft, backend="reference", **kwargs)
+        actual = sk.chain_verify(draft_ids, target, draft, backend=backend, **kwargs)
+        check_invariants(*actual, draft_ids, num_drafts, vocab_size)
+        assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+        expected = sk.chain_verify(draft_ids, target, None, backend="reference", **kwargs)
+        actual = sk.chain_verify(draft_ids, target, None, backend=backend, **kwargs)
+        assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_equal_distributions_accept_everything(backend, device):
+    backend_or_skip("chain_verify", backend)
+    draft_ids, target, _, _ = random_case(64, 5, 50, seed=1, device=device)
+    output, num_accepted = sk.chain_verify(draft_ids, target, target[:, :-1], seed=3, backend=backend)
+    assert bool((num_accepted == 5).all())
+    assert torch.equal(output[:, :5], draft_ids.to(torch.int32))
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_zero_probability_tokens_are_never_emitted(backend, device):
+    backend_or_skip("chain_verify", backend)
+    batch_size, vocab_size = 4000, 6
+    target = torch.full((batch_size, 3, vocab_size), 1.0 / 3)
+    target[..., 3:] = 0.0  # tokens 3, 4, 5 have zero target probability
+    draft = torch.full((batch_size, 2, vocab_size), 1.0 / vocab_size)
+    draft_ids = torch.randint(0, vocab_size, (batch_size, 2), generator=torch.Generator().manual_seed(0))
+    output, num_accepted = sk.chain_verify(draft_ids.to(device), target.to(device), draft.to(device), seed=9,
+                                           backend=backend)
+    output, num_accepted = output.cpu(), num_accepted.cpu()
+    emitted = output[torch.arange(batch_size), num_accepted.long()]
+    assert bool((emitted < 3).all())
+    kept = output[output >= 0]
+    assert bool((kept < 3).all())
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_invalid_draft_ids_are_rejections(backend, device):
+    backend_or_skip("chain_verify", backend)
+    target = torch.full((4, 3, 5), 0.2)
+    draft_ids = torch.tensor([[-1, 0], [5, 1], [0, 99], [2, -7]])
+    output, num_accepted = sk.chain_verify(draft_ids.to(device), target.to(device), None, seed=1, backend=backend)
+    assert num_accepted.cpu().tolist()[0] == 0 and num_accepted.cpu().tolist()[1] == 0
+    assert int(num_accepted[2]) <= 1 and int(num_accepted[3]) <= 1
+    check_invariants(output, num_accepted, draft_ids, None, 5)
+
+
+def test_invalid_draft_id_emits_from_the_target(device):
+    """An invalid id is no proposal: the emitted token follows p exactly."""
+    batch_size = 60_000
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    target = p.view(1, 1, 4).expand(batch_size, 2, 4)
+    draft = torch.tensor([0.7, 0.1, 0.1, 0.1]).view(1, 1, 4).expand(batch_size, 1, 4)
+    draft_ids = torch.full((batch_size, 1), -1)
+    output, _ = sk.chain_verify(draft_ids, target, draft, seed=5, backend="reference")
+    counts = torch.bincount(output[:, 0].long(), minlength=4).numpy()
+    assert stats.chisquare(counts, expected_counts(p, counts.sum())).pvalue >= SIGNIFICANCE
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_vocabulary_of_one(backend, device):
+    backend_or_skip("chain_verify", backend)
+    target = torch.ones(3, 4, 1)
+    draft_ids = torch.zeros(3, 3, dtype=torch.int32)
+    output, num_accepted = sk.chain_verify(draft_ids.to(device), target.to(device), target[:, :3].to(device),
+                                           backend=backend)
+    assert num_accepted.cpu().tolist() == [3, 3, 3]
+    assert bool((output.cpu() == 0).all())
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_zero_drafts_sample_the_bonus_row(backend, device):
+    backend_or_skip("chain_verify", backend)
+    batch_size = 20_000
+    p = torch.tensor([0.5, 0.25, 0.125, 0.125])
+    target = p.view(1, 1, 4).expand(batch_size, 3, 4).contiguous()
+    draft_ids = torch.zeros(batch_size, 2, dtype=torch.int64)
+    num_drafts = torch.zeros(batch_size, dtype=torch.int32)
+    output, num_accepted = sk.chain_verify(draft_ids.to(device), target.to(device), None,
+                                           num_draft_tokens=num_drafts.to(device), seed=2, backend=backend)
+    assert bool((num_accepted == 0).all()) and bool((output[:, 1:] == -1).all())
+    counts = torch.bincount(output[:, 0].cpu().long(), minlength=4).numpy()
+    assert stats.chisquare(counts, expected_counts(p, counts.sum())).pvalue >= SIGNIFICANCE
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_empty_chain(backend, device):
+    backend_or_skip("chain_verify", backend)
+    target = torch.softmax(torch.randn(2, 1, 9), -1).to(device)
+    output, num_accepted = sk.chain_verify(torch.zeros(2, 0, dtype=torch.int64, device=device), target,
+                                           backend=backend)
+    assert output.shape == (2, 1) and num_accepted.tolist() == [0, 0]
+
+
+def test_residual_without_mass_falls_back_to_the_target(device):
+    # Unnormalised target p = q / 2: rejections happen, max(0, p - q) is 0.
+    batch_size = 40_000
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    target = (q / 2).view(1, 1, 4).expand(batch_size, 2, 4)
+    draft = q.view(1, 1, 4).expand(batch_size, 1, 4)
+    draft_ids = torch.multinomial(q, batch_size, replacement=True, generator=torch.Generator().manual_seed(1))
+    output, num_accepted = sk.chain_verify(draft_ids.view(-1, 1), target, draft, seed=3, backend="reference")
+    rejected = num_accepted == 0
+    assert 0.4 < float(rejected.float().mean()) < 0.6
+    counts = torch.bincount(output[rejected, 0].long(), minlength=4).numpy()
+    assert stats.chisquare(counts, expected_counts(q, counts.sum())).pvalue >= SIGNIFICANCE
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_greedy_and_sampling_requests_in_one_batch(backend, device):
+    backend_or_skip("chain_verify", backend)
+    draft_ids, target, draft, num_drafts = random_case(8, 4, 30, seed=7, device=device, sharp=3.0)
+    logits = torch.log(target)
+    argmax = target.argmax(-1)
+    draft_ids[::2] = argmax[::2, :4]  # greedy requests propose the target's argmax...
+    draft_ids[::2, 2] = (argmax[::2, 2] + 1) % 30  # ...until position 2
+    temperature = torch.tensor([0.0, 1.0] * 4, device=device)
+    output, num_accepted = sk.chain_verify(draft_ids, logits, torch.log(draft), temperature=temperature,
+                                           logits=True, seed=1, backend=backend)
+    assert num_accepted[::2].tolist() == [2] * 4
+    assert output[::2, 2].tolist() == argmax[::2, 2].tolist()
+    full_greedy = sk.chain_verify(draft_ids, target, draft, temperature=torch.zeros(8, device=device),
+                                  backend=backend)
+    assert torch.equal(full_greedy[1][::2], num_accepted[::2])
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_per_request_seeds_are_batch_invariant(backend, device):
+    backend_or_skip("chain_verify", backend)
+    draft_ids, target, draft, _ = random_case(6, 3, 40, seed=4, device=device)
+    seeds = torch.tensor([11, 22, 33, 44, 55, 66], device=device)
+    offsets = torch.tensor([5, 6, 7, 8, 9, 10], device=device)
+    batch = sk.chain_verify(draft_ids, target, draft, seed=seeds, offset=offsets, backend=backend)
+    for request in range(6):
+        alone = sk.chain_verify(draft_ids[request:request + 1], target[request:request + 1],
+                                draft[request:request + 1], seed=seeds[request:request + 1],
+                                offset=offsets[request:request + 1], backend=backend)
+        assert torch.equal(alone[0][0], batch[0][request]) and torch.equal(alone[1][0], batch[1][request])
+
+
+def test_shared_int_seed_gives_independent_requests(device):
+    batch_size = 50_000
+    p = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    target = p.view(1, 1, 4).expand(batch_size, 1, 4)
+    output, _ = sk.chain_verify(torch.zeros(batch_size, 0, dtype=torch.int64), target, seed=8, backend="reference")
+    pairs = (output[0::2, 0] * 4 + output[1::2, 0]).long()
+    counts = torch.bincount(pairs, minlength=16).numpy()
+    assert stats.chisquare(counts, np.full(16, batch_size / 2 / 16)).pvalue >= SIGNIFICANCE
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_offset_forms_agree_and_offsets_change_the_draws(backend, device):
+    backend_or_skip("chain_verify", backend)
+    draft_ids, target, draft, _ = random_case(16, 3, 64, seed=9, device=device, sharp=0.3)
+    as_int = sk.chain_verify(draft_ids, target, draft, seed=1, offset=2**33 + 5, backend=backend)
+    scalar = torch.tensor(2**33 + 5, device=device)
+    as_scalar = sk.chain_verify(draft_ids, target, draft, seed=1, offset=scalar, backend=backend)
+    as_vector = sk.chain_verify(draft_ids, target, draft, seed=1, offset=scalar.repeat(16), backend=backend)
+    assert torch.equal(as_int[0], as_scalar[0]) and torch.equal(as_int[0], as_vector[0])
+    other = sk.chain_verify(draft_ids, target, draft, seed=1, offset=2**33 + 6, backend=backend)
+    assert not torch.equal(as_int[0], other[0])
+
+
+def test_argument_errors_name_the_argument(device):
+    draft_ids, target, draft, num_drafts = random_case(2, 3, 10, seed=0, device=device)
+    with pytest.raises(ValueError, match=r"`target` must have shape \[B, K\+1, V\]"):
+        sk.chain_verify(draft_ids, target[0])
+    with pytest.raises(ValueError, match=r"`draft_token_ids` must have shape \[B, K\] = \[2, 3\]; got \[2, 2\]"):
+        sk.chain_verify(draft_ids[:, :2], target)
+    with pytest.raises(TypeError, match=r"`draft_token_ids` must have dtype int32 or int64; got float32"):
+        sk.chain_verify(draft_ids.float(), target)
+    with pytest.raises(ValueError, match=r"`draft` must have shape \[B, K, V\] = \[2, 3, 10\]; got \[2, 3, 9\]"):
+        sk.chain_verify(draft_ids, target, draft[..., :9])
+    with pytest.raises(TypeError, match=r"`num_draft_tokens` must have dtype int32; got int64"):
+        sk.chain_verify(draft_ids, target, num_draft_tokens=num_drafts.long())
+    with pytest.raises(TypeError, match=r"`temperature` must have dtype float32"):
+        sk.chain_verify(draft_ids, target, temperature=torch.ones(2, dtype=torch.float64, device=device))
+    with pytest.raises(ValueError, match=r"`seed` must have shape \[B\]"):
+        sk.chain_verify(draft_ids, target, seed=torch.zeros(3, dtype=torch.int64, device=device))
+    with pytest.raises(TypeError, match=r"`offset` must be an int or an int64 tensor"):
+        sk.chain_verify(draft_ids, target, offset=1.5)
+    with pytest.raises(ValueError, match=r"`backend` must be one of"):
+        sk.chain_verify(draft_ids, target, backend="fast")
+
+
+def test_validate_rejects_bad_values(device):
+    draft_ids, target, draft, _ = random_case(2, 3, 10, seed=0, device=device)
+    bad_ids = draft_ids.clone()
+    bad_ids[1, 2] = 10
+    with pytest.raises(ValueError, match=r"request 1 position 2 has 10"):
+        sk.chain_verify(bad_ids, target, draft, validate=True)
+    sk.chain_verify(bad_ids, target, draft, num_draft_tokens=torch.tensor([3, 2], dtype=torch.int32,
+                                                                          device=device), validate=True)
+    with pytest.raises(ValueError, match=r"`num_draft_tokens` must lie in \[0, K\] = \[0, 3\]; request 0 has 4"):
+        sk.chain_verify(draft_ids, target, num_draft_tokens=torch.tensor([4, 0], dtype=torch.int32,
+                                                                         device=device), validate=True)
+    with pytest.raises(ValueError, match=r"`temperature` must be finite and >= 0"):
+        sk.chain_verify(draft_ids, target, temperature=torch.tensor([-1.0, 1.0], device=device), validate=True)
+
+
+def test_unavailable_backend_says_why(device):
+    from specdec_kernels import _extension
+
+    draft_ids, target, _, _ = random_case(1, 1, 4, seed=0, device=device)
+    if not _extension.cuda_extension_available() or device.type != "cuda":
+        with pytest.raises(RuntimeError, match=r"backend 'cuda' cannot run"):
+            sk.chain_verify(draft_ids, target, backend="cuda")

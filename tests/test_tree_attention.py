@@ -1,0 +1,219 @@
+"""sk.tree_attention against a float64 dense softmax built here, request by request.
+
+Tolerance (FlashAttention's rule): the op's max error against float64 may be
+at most twice the max error of a naive dense computation in the input dtype,
+plus one float32 ulp of the output scale (the reference computes in float32,
+so it cannot beat float32 rounding even when the inputs are float32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+from conftest import backend_or_skip
+
+BACKENDS = ["reference"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def run_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale, backend,
+                       device):
+    """The op on ``device``; inputs and output on the CPU."""
+    backend_or_skip("tree_attention", backend)
+    if q.dtype == torch.float32 and backend != "reference":
+        pytest.skip("float32 inputs are for the reference backend only")
+    tensors = [t.to(device) for t in (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask)]
+    out = sk.tree_attention(
+        *tensors, num_nodes=None if num_nodes is None else num_nodes.to(device), scale=scale, backend=backend
+    )
+    return out.cpu()
+
+
+def pack_bits(tree_bits):
+    """bool ``[B, N, N]`` -> int32 words ``[B, N, ceil(N/32)]``, in Python ints."""
+    batch_size, tree_size, _ = tree_bits.shape
+    num_words = (tree_size + 31) // 32
+    words = [[[0] * num_words for _ in range(tree_size)] for _ in range(batch_size)]
+    for b, i, j in tree_bits.nonzero().tolist():
+        words[b][i][j // 32] |= 1 << (j % 32)
+    signed = [[[w - 2**32 if w >= 2**31 else w for w in row] for row in rows] for rows in words]
+    return torch.tensor(signed, dtype=torch.int32).view(batch_size, tree_size, num_words)
+
+
+def ancestor_bits(generator, batch_size, tree_size):
+    """bool ``[B, N, N]``: node j is i or an ancestor of i, for random trees."""
+    bits = torch.zeros(batch_size, tree_size, tree_size, dtype=torch.bool)
+    for b in range(batch_size):
+        parents = [-1] + [
+            int(torch.randint(max(0, i - 4), i, (), generator=generator)) for i in range(1, tree_size)
+        ]
+        for i in range(tree_size):
+            node = i
+            while node >= 0:
+                bits[b, i, node] = True
+                node = parents[node]
+    return bits
+
+
+def gather_requests(k_cache, v_cache, block_tables, prefix_lens, tree_bits, num_nodes):
+    """Per request: the cache read position by position following the block
+    table, and the ``[N, L]`` visibility of each position to each node.
+
+    A position whose column is past the table or whose block id is out of
+    range is not visible; neither is anything to a node past ``num_nodes``.
+    """
+    num_blocks, block_size = k_cache.shape[:2]
+    max_blocks = block_tables.shape[1]
+    batch_size, tree_size, _ = tree_bits.shape
+    bits = tree_bits.tolist()
+    requests = []
+    for b in range(batch_size):
+        prefix = int(prefix_lens[b])
+        length = prefix + tree_size
+        keys = torch.zeros(length, *k_cache.shape[2:], dtype=torch.float64)
+        values = torch.zeros_like(keys)
+        stored = [False] * length
+        for position in range(length):
+            column = position // block_size
+            block = int(block_tables[b, column]) if column < max_blocks else -1
+            if 0 <= block < num_blocks:
+                stored[position] = True
+                keys[position] = k_cache[block, position % block_size].double()
+                values[position] = v_cache[block, position % block_size].double()
+        live = tree_size if num_nodes is None else int(num_nodes[b])
+        visible = [
+            [i < live and stored[position] and (position < prefix or bits[b][i][position - prefix])
+             for position in range(length)]
+            for i in range(tree_size)
+        ]
+        requests.append((keys, values, torch.tensor(visible, dtype=torch.bool).view(tree_size, length)))
+    return requests
+
+
+def dense_attention(q, requests, scale, dtype):
+    """Masked softmax attention computed in ``dtype``, one request at a time."""
+    batch_size, tree_size, num_q_heads, head_dim = q.shape
+    out = torch.zeros(batch_size, tree_size, num_q_heads, head_dim, dtype=dtype)
+    for b, (keys, values, visible) in enumerate(requests):
+        group = num_q_heads // keys.shape[1]
+        # Contiguous [H, N, D] @ [H, D, L]: CPU half matmuls on transposed
+        # views are ~30x slower.
+        keys = keys.to(dtype).repeat_interleave(group, dim=1).permute(1, 2, 0).contiguous()
+        values = values.to(dtype).repeat_interleave(group, dim=1).transpose(0, 1).contiguous()
+        queries = q[b].to(dtype).transpose(0, 1).contiguous()
+        scores = torch.bmm(queries, keys) * scale
+        scores = scores.masked_fill(~visible, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows seeing nothing
+        out[b] = torch.bmm(weights, values).transpose(0, 1)
+    return out
+
+
+def make_inputs(
+    generator, batch_size, tree_size, num_q_heads, num_kv_heads, head_dim, dtype, block_size=8, prefix_lens=None
+):
+    if prefix_lens is None:
+        prefix_lens = torch.randint(0, 60, (batch_size,), generator=generator, dtype=torch.int32)
+        prefix_lens[0] = 0
+    max_blocks = (int(prefix_lens.max()) + tree_size + block_size - 1) // block_size
+    num_blocks = batch_size * max_blocks + 3  # a few blocks no request owns
+    order = torch.randperm(num_blocks, generator=generator)
+    block_tables = order[: batch_size * max_blocks].view(batch_size, max_blocks).to(torch.int32)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    q = torch.randn(batch_size, tree_size, num_q_heads, head_dim, generator=generator).to(dtype)
+    num_nodes = torch.randint(1, tree_size + 1, (batch_size,), generator=generator, dtype=torch.int32)
+    num_nodes[-1] = tree_size
+    return q, k_cache, v_cache, block_tables, prefix_lens, num_nodes
+
+
+def check_against_float64(inputs, tree_bits, num_nodes, scale, backend, device):
+    q, k_cache, v_cache, block_tables, prefix_lens = inputs
+    out = run_tree_attention(
+        q, k_cache, v_cache, block_tables, prefix_lens, pack_bits(tree_bits), num_nodes, scale, backend, device
+    )
+    assert out.dtype == q.dtype and out.shape == q.shape
+    requests = gather_requests(k_cache, v_cache, block_tables, prefix_lens, tree_bits, num_nodes)
+    exact = dense_attention(q, requests, scale, torch.float64)
+    naive = dense_attention(q, requests, scale, q.dtype)
+    error = (out.double() - exact).abs().max().item()
+    naive_error = (naive.double() - exact).abs().max().item()
+    slack = torch.finfo(torch.float32).eps * exact.abs().max().item()
+    assert error <= 2 * naive_error + slack, (error, naive_error)
+    if num_nodes is not None:
+        live = torch.arange(q.shape[1])[None, :] < num_nodes[:, None].long()
+        assert (out[~live] == 0).all(), "padding rows must be zero"
+    return out, exact
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(4, 4), (8, 2)])
+def test_matches_float64(num_q_heads, num_kv_heads, head_dim, dtype, backend, device):
+    generator = torch.Generator().manual_seed(head_dim + 10 * num_q_heads + DTYPES.index(dtype))
+    batch_size, tree_size = 3, 37  # two mask words
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, batch_size, tree_size, num_q_heads, num_kv_heads, head_dim, dtype
+    )
+    tree_bits = ancestor_bits(generator, batch_size, tree_size)
+    inputs = (q, k_cache, v_cache, block_tables, prefix_lens)
+    check_against_float64(inputs, tree_bits, num_nodes, head_dim**-0.5, backend, device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_arbitrary_mask_bits(dtype, backend, device):
+    # The op reads bits, not trees: every bit position matters, including
+    # bit 31 of each word (a negative int32).
+    generator = torch.Generator().manual_seed(7)
+    batch_size, tree_size = 2, 64
+    q, k_cache, v_cache, block_tables, prefix_lens, _ = make_inputs(
+        generator, batch_size, tree_size, 4, 2, 64, dtype
+    )
+    tree_bits = torch.rand(batch_size, tree_size, tree_size, generator=generator) < 0.5
+    tree_bits[:, :, 31] = True
+    tree_bits[:, 5, :] = False
+    tree_bits[:, 5, 63] = True  # node 5 sees the prefix and node 63 only
+    inputs = (q, k_cache, v_cache, block_tables, prefix_lens)
+    check_against_float64(inputs, tree_bits, None, 0.1, backend, device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_block_ids_are_masked(backend, device):
+    generator = torch.Generator().manual_seed(11)
+    batch_size, tree_size, block_size = 4, 12, 4
+    prefix_lens = torch.tensor([0, 9, 17, 30], dtype=torch.int32)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, batch_size, tree_size, 8, 2, 64, torch.float16, block_size, prefix_lens
+    )
+    num_blocks = k_cache.shape[0]
+    num_nodes[:] = torch.tensor([12, 12, 7, 12], dtype=torch.int32)
+    # Request 3 needs 11 columns; with 8 (32 positions) its nodes 2..11 fall
+    # past the end of the table.
+    block_tables = block_tables[:, :8].contiguous()
+    block_tables[0, :] = -1  # request 0 (no prefix) sees nothing at all
+    block_tables[1, 0] = num_blocks  # part of the prefix is gone
+    block_tables[1, 3] = -5  # nodes 3..6 of request 1 are gone
+    block_tables[2, 1] = 2**31 - 1
+    tree_bits = ancestor_bits(generator, batch_size, tree_size)
+    inputs = (q, k_cache, v_cache, block_tables, prefix_lens)
+    out, exact = check_against_float64(inputs, tree_bits, num_nodes, 0.125, backend, device)
+    assert (out[0] == 0).all(), "rows that see no key must be zero"
+    live = torch.arange(tree_size)[None, :] < num_nodes[:, None].long()
+    assert (exact[1:].abs().sum(dim=(-1, -2))[live[1:]] > 0).all(), "the test masks too much"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_default_scale(backend, device):
+    generator = torch.Generator().manual_seed(3)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, 2, 5, 4, 4, 128, torch.bfloat16
+    )
+    tree_mask = pack_bits(ancestor_bits(generator, 2, 5))
+    args = (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes)
+    default = run_tree_attention(*args, None, backend, device)
+    explicit = run_tree_attention(*args, 128**-0.5, backend, device)
+    assert torch.equal(default, explicit)
