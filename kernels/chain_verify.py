@@ -103,7 +103,7 @@ def _scan_rows(
             if LOGITS:
                 x = tl.math.div_rn(x, safe_temperature[:, None])
             tile_max = tl.max(x, axis=1)
-            tile_arg = tl.argmin(tl.where(x == tile_max[:, None], index, 2147483647), axis=1).to(tl.int32)
+            tile_arg = tl.min(tl.where(x == tile_max[:, None], index, 2147483647), axis=1).to(tl.int32)
             if LOGITS:
                 new_max = tl.maximum(row_max, tile_max)
                 finite_max = tl.where(new_max == -float("inf"), 0.0, new_max)
@@ -224,14 +224,6 @@ def _chain_verify_kernel(
     else:
         num_drafts = tl.full((ROWS,), 0, tl.int32) + max_drafts
 
-    # Draft ids and their validity: [ROWS, BLOCK_K1] (column K is the bonus slot).
-    positions = tl.arange(0, BLOCK_K1)[None, :]
-    in_chain = active[:, None] & (positions < num_drafts[:, None])
-    token_ids = tl.load(draft_ids_ptr + requests[:, None].to(tl.int64) * stride_ids_b + positions,
-                        mask=in_chain, other=-1).to(tl.int64)
-    valid = in_chain & (token_ids >= 0) & (token_ids < vocab_size)
-    safe_ids = tl.where(valid, token_ids, 0)
-
     if LOGITS:
         if wave == 0:
             # Wave 1: publish this slice's statistics of every row (release).
@@ -252,8 +244,8 @@ def _chain_verify_kernel(
                 output_ptr, num_accepted_ptr,
                 race_key_ptr, race_arg_ptr, fallback_key_ptr, fallback_arg_ptr, has_mass_ptr,
                 scan_max_ptr, scan_arg_ptr, scan_sum_ptr, scan_dmax_ptr, scan_dsum_ptr, arrivals_ptr,
-                requests, active, greedy, sampled, safe_temperature, num_drafts, token_ids, valid, safe_ids,
-                in_chain, positions, row_block, split, num_splits, max_drafts, vocab_lo, vocab_hi,
+                draft_ids_ptr, requests, active, greedy, sampled, safe_temperature, num_drafts,
+                row_block, split, num_splits, max_drafts, vocab_size, vocab_lo, vocab_hi, stride_ids_b,
                 stride_target_b, stride_target_k, stride_draft_b, stride_draft_k, stride_output_b,
                 HAS_DRAFT, LOGITS, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST,
                 ROWS, BLOCK_K1, BLOCK_V,
@@ -272,8 +264,8 @@ def _chain_verify_kernel(
             output_ptr, num_accepted_ptr,
             race_key_ptr, race_arg_ptr, fallback_key_ptr, fallback_arg_ptr, has_mass_ptr,
             scan_max_ptr, scan_arg_ptr, scan_sum_ptr, scan_dmax_ptr, scan_dsum_ptr, arrivals_ptr,
-            requests, active, greedy, sampled, safe_temperature, num_drafts, token_ids, valid, safe_ids,
-            in_chain, positions, row_block, split, num_splits, max_drafts, vocab_lo, vocab_hi,
+            draft_ids_ptr, requests, active, greedy, sampled, safe_temperature, num_drafts,
+            row_block, split, num_splits, max_drafts, vocab_size, vocab_lo, vocab_hi, stride_ids_b,
             stride_target_b, stride_target_k, stride_draft_b, stride_draft_k, stride_output_b,
             HAS_DRAFT, LOGITS, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST,
             ROWS, BLOCK_K1, BLOCK_V,
@@ -311,14 +303,22 @@ def _decide_and_race(
     output_ptr, num_accepted_ptr,
     race_key_ptr, race_arg_ptr, fallback_key_ptr, fallback_arg_ptr, has_mass_ptr,
     scan_max_ptr, scan_arg_ptr, scan_sum_ptr, scan_dmax_ptr, scan_dsum_ptr, arrivals_ptr,
-    requests, active, greedy, sampled, safe_temperature, num_drafts, token_ids, valid, safe_ids,
-    in_chain, positions, row_block, split, num_splits, max_drafts, vocab_lo, vocab_hi,
+    draft_ids_ptr, requests, active, greedy, sampled, safe_temperature, num_drafts,
+    row_block, split, num_splits, max_drafts, vocab_size, vocab_lo, vocab_hi, stride_ids_b,
     stride_target_b, stride_target_k, stride_draft_b, stride_draft_k, stride_output_b,
     HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr, SEED_PER_REQUEST: tl.constexpr,
     OFFSET_FROM_TENSOR: tl.constexpr, OFFSET_PER_REQUEST: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """Acceptance tests, the race over this slice of the stop row, and (last program) the outputs."""
+    # Draft ids and their validity: [ROWS, BLOCK_K1] (column K is the bonus slot).
+    positions = tl.arange(0, BLOCK_K1)[None, :]
+    in_chain = active[:, None] & (positions < num_drafts[:, None])
+    token_ids = tl.load(draft_ids_ptr + requests[:, None].to(tl.int64) * stride_ids_b + positions,
+                        mask=in_chain, other=-1).to(tl.int64)
+    valid = in_chain & (token_ids >= 0) & (token_ids < vocab_size)
+    safe_ids = tl.where(valid, token_ids, 0)
+
     k0, k1, c2, c3 = request_key(seed_ptr, seed_value, offset_ptr, offset_value, requests, active,
                                  SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
 

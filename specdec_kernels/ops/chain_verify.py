@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from .. import _backend, _library, _validation, _workspace
+from .. import _backend, _library, _validation
+from ..launchers.chain_verify import triton_chain_verify
 from ..reference import chain_verify as reference
 
 OP_NAME = "chain_verify"
@@ -136,96 +135,10 @@ def _reference(draft_token_ids, target, draft, num_draft_tokens, temperature, lo
     return reference.chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits, seed, offset)
 
 
-def _launch_config(batch_size: int, vocab_size: int, device: torch.device):
-    """``(rows, block_v, split_size, num_splits)`` for the Triton kernel.
-
-    On a GPU a program handles a 1024-element tile and there are about two
-    programs per SM, so one request's vocabulary spreads over the machine.
-    Under the interpreter (CPU) programs run one after another, so tiles are
-    made wide and many requests share a program; tiles stay at most 256 wide
-    so tests with a few thousand tokens still cross several slices.
-    """
-    import triton
-
-    vocab_tile = triton.next_power_of_2(vocab_size)
-    if device.type == "cuda":
-        block_v = min(vocab_tile, 1024)
-        rows = min(max(1, 1024 // block_v), triton.next_power_of_2(batch_size))
-        target_programs = 2 * _multiprocessor_count(device)
-        max_splits = 1 << 30
-    else:
-        block_v = min(vocab_tile, 256)
-        rows = min(max(1, 4096 // block_v), triton.next_power_of_2(batch_size))
-        target_programs = 1
-        max_splits = 3
-    tiles = triton.cdiv(vocab_size, block_v)
-    row_blocks = triton.cdiv(batch_size, rows)
-    splits = max(1, min(tiles, max_splits, triton.cdiv(target_programs, row_blocks)))
-    split_size = triton.cdiv(tiles, splits) * block_v
-    return rows, block_v, split_size, triton.cdiv(vocab_size, split_size)
-
-
-@functools.lru_cache(maxsize=None)
-def _multiprocessor_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _triton(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-            seed_tensor, seed, offset_tensor, offset):
-    import triton
-
-    from .._kernels.chain_verify import _chain_verify_kernel
-
-    batch_size, rows_per_request, vocab_size = target.shape
-    max_drafts = rows_per_request - 1
-    device = target.device
-    output = torch.empty((batch_size, rows_per_request), dtype=torch.int32, device=device)
-    num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
-    if batch_size == 0:
-        return output, num_accepted
-    target = target if target.stride(-1) == 1 else target.contiguous()
-    draft = draft if draft is None or draft.stride(-1) == 1 else draft.contiguous()
-    rows, block_v, split_size, num_splits = _launch_config(batch_size, vocab_size, device)
-    block_k1 = triton.next_power_of_2(rows_per_request)
-    row_blocks = triton.cdiv(batch_size, rows)
-    slots = row_blocks * num_splits * rows
-    waves = 2 if logits else 1
-
-    def scratch(name, dtype, per_slot=1):
-        return _workspace.buffer(f"chain_verify.{name}", slots * per_slot, dtype, device)
-
-    placeholder = target
-    _chain_verify_kernel[(waves * row_blocks * num_splits,)](
-        draft_token_ids, target, placeholder if draft is None else draft,
-        placeholder if num_draft_tokens is None else num_draft_tokens,
-        placeholder if temperature is None else temperature,
-        placeholder if seed_tensor is None else seed_tensor, seed,
-        placeholder if offset_tensor is None else offset_tensor, offset,
-        output, num_accepted,
-        scratch("race_key", torch.float32), scratch("race_arg", torch.int32),
-        scratch("fallback_key", torch.float32), scratch("fallback_arg", torch.int32),
-        scratch("has_mass", torch.int32),
-        scratch("scan_max", torch.float32, block_k1), scratch("scan_arg", torch.int32, block_k1),
-        scratch("scan_sum", torch.float32, block_k1), scratch("scan_dmax", torch.float32, block_k1),
-        scratch("scan_dsum", torch.float32, block_k1),
-        _workspace.buffer("chain_verify.arrivals", row_blocks, torch.int32, device),
-        batch_size, max_drafts, vocab_size, num_splits, split_size,
-        draft_token_ids.stride(0), target.stride(0), target.stride(1),
-        0 if draft is None else draft.stride(0), 0 if draft is None else draft.stride(1), output.stride(0),
-        HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None,
-        HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
-        SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
-        OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1,
-        ROWS=rows, BLOCK_K1=block_k1, BLOCK_V=block_v,
-        num_warps=4, enable_fp_fusion=False,
-    )
-    return output, num_accepted
-
-
 def _fake(draft_token_ids, target, *args):
     batch_size, rows, _ = target.shape
     output = target.new_empty((batch_size, rows), dtype=torch.int32)
     return output, target.new_empty((batch_size,), dtype=torch.int32)
 
 
-_library.register(OP_NAME, {"reference": _reference, "triton": _triton}, _fake)
+_library.register(OP_NAME, {"reference": _reference, "triton": triton_chain_verify}, _fake)

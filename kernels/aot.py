@@ -1,0 +1,127 @@
+"""Ahead-of-time compilation of every Triton kernel for real GPUs, without one.
+
+The interpreter accepts programs that cannot lower to a GPU (dynamic
+``tl.arange`` bounds, type errors in lowering, unsupported ops), so CI also
+compiles each kernel variant for ``sm_90a`` and ``sm_80`` and reads ptxas's
+register and spill report. Run as ``python -m specdec_kernels._kernels.aot``
+(with ``TRITON_INTERPRET`` unset); it prints one line per variant and exits
+non-zero on a compile error or a spill.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+TARGETS = ((90, "sm_90a"), (80, "sm_80"))
+
+
+H200_MULTIPROCESSORS = 132
+
+# (batch, drafts, vocabulary, dtype, draft given, logits, per-request seeds): the
+# launcher's configurations for these shapes are the ones compiled.
+CHAIN_VERIFY_SHAPES = (
+    (1, 4, 128256, "fp32", True, False, False),
+    (64, 8, 151936, "bf16", False, False, True),
+    (64, 4, 128256, "bf16", True, True, True),
+    (8, 1, 32000, "fp16", False, True, False),
+    (256, 3, 8, "fp32", True, False, False),
+)
+
+
+def chain_verify_variants():
+    """``(name, kernel, signature, constexprs, options)`` for the launcher's configurations."""
+    from specdec_kernels.launchers.chain_verify import _next_power_of_2, launch_config
+
+    from .chain_verify import _chain_verify_kernel
+
+    variants = []
+    for batch, drafts, vocab, dtype, draft, logits, per_request in CHAIN_VERIFY_SHAPES:
+        config = launch_config(batch, vocab, H200_MULTIPROCESSORS)
+        signature = {
+            "draft_ids_ptr": "*i64", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
+            "num_drafts_ptr": "*i32", "temperature_ptr": "*fp32",
+            "seed_ptr": "*i64", "seed_value": "i64", "offset_ptr": "*i64", "offset_value": "i64",
+            "output_ptr": "*i32", "num_accepted_ptr": "*i32",
+            "race_key_ptr": "*fp32", "race_arg_ptr": "*i32", "fallback_key_ptr": "*fp32",
+            "fallback_arg_ptr": "*i32", "has_mass_ptr": "*i32",
+            "scan_max_ptr": "*fp32", "scan_arg_ptr": "*i32", "scan_sum_ptr": "*fp32",
+            "scan_dmax_ptr": "*fp32", "scan_dsum_ptr": "*fp32", "arrivals_ptr": "*i32",
+            "batch_size": "i32", "max_drafts": "i32", "vocab_size": "i32", "num_splits": "i32",
+            "split_size": "i32", "stride_ids_b": "i32", "stride_target_b": "i32", "stride_target_k": "i32",
+            "stride_draft_b": "i32", "stride_draft_k": "i32", "stride_output_b": "i32",
+        }
+        constexprs = {
+            "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": True, "HAS_TEMPERATURE": True, "LOGITS": logits,
+            "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
+            "ROWS": config.rows, "BLOCK_K1": _next_power_of_2(drafts + 1), "BLOCK_V": config.block_v,
+        }
+        signature.update({key: "constexpr" for key in constexprs})
+        name = (f"chain_verify B={batch} K={drafts} V={vocab} {dtype} {'logits' if logits else 'probs'}"
+                f"{'' if draft else ' one-hot'}")
+        options = {"num_warps": 4, "enable_fp_fusion": False}
+        if config.max_registers is not None:
+            options["maxnreg"] = config.max_registers
+        variants.append((name, _chain_verify_kernel, signature, constexprs, options))
+    return variants
+
+
+def _ptxas_path(capability: int) -> str:
+    """The ptxas Triton itself uses (its signature differs across Triton 3.6-3.9)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        return get_ptxas(capability).path
+    except TypeError:
+        return get_ptxas().path
+
+
+def ptxas_report(ptx: str, capability: int, arch: str) -> tuple[int, int, int]:
+    """``(registers, spill stores, spill loads)`` from ``ptxas -v`` on the kernel's PTX."""
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "kernel.ptx")
+        with open(source, "w") as handle:
+            handle.write(ptx)
+        result = subprocess.run(
+            [_ptxas_path(capability), "-v", "--fmad=false", "--regAllocOptLevel=2", f"--gpu-name={arch}", source, "-o",
+             os.path.join(folder, "kernel.cubin")],
+            check=True, capture_output=True, text=True,
+        )
+    log = result.stderr + result.stdout
+    registers = int(re.search(r"Used (\d+) registers", log).group(1))
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return registers, int(spills.group(1)), int(spills.group(2))
+
+
+def compile_all() -> list[dict]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    rows = []
+    for name, kernel, signature, constexprs, options in chain_verify_variants():
+        for capability, arch in TARGETS:
+            source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+            compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                                      options=options)
+            registers, spill_stores, spill_loads = ptxas_report(compiled.asm["ptx"], capability, arch)
+            rows.append({"kernel": name, "arch": arch, "registers": registers, "spill_stores": spill_stores,
+                         "spill_loads": spill_loads})
+    return rows
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET: the interpreter replaces compilation", file=sys.stderr)
+        return 2
+    rows = compile_all()
+    for row in rows:
+        print(f"{row['kernel']:<56} {row['arch']:<7} {row['registers']:>4} registers, "
+              f"{row['spill_stores']} B spill stores, {row['spill_loads']} B spill loads")
+    return 1 if any(row["spill_stores"] or row["spill_loads"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Host-side launchers of the Triton kernels (grid, workspace, one launch per call)."""

@@ -1,0 +1,118 @@
+"""Triton launcher for chain_verify: launch configuration, workspace, one launch."""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from .. import _workspace
+
+GPU_TILE = 1024  # elements per program per loop iteration
+# One-request programs get up to 128 registers: left to itself ptxas picks
+# 64-96 and spills a few bytes in the logits and one-hot variants
+# (python -m specdec_kernels._kernels.aot shows the report).
+GPU_MAX_REGISTERS = 128
+INTERPRETER_TILE = 32768
+INTERPRETER_MAX_BLOCK_V = 256
+INTERPRETER_MAX_SPLITS = 3
+
+
+class LaunchConfig(NamedTuple):
+    rows: int  # requests per program
+    block_v: int  # vocabulary tile per loop iteration
+    split_size: int  # vocabulary slice per program
+    num_splits: int
+    max_registers: int | None
+
+
+def launch_config(batch_size: int, vocab_size: int, multiprocessors: int | None) -> LaunchConfig:
+    """How to launch the kernel; ``multiprocessors=None`` means the interpreter.
+
+    On a GPU a program handles one tile per loop iteration and there are
+    about two programs per SM, so one request's vocabulary spreads over the
+    machine; small vocabularies pack several requests into a tile. Under the
+    interpreter (CPU) programs run one after another, so tiles are wide and
+    many requests share a program, while tiles stay at most 256 wide so tests
+    with a few hundred tokens still cross several slices.
+    """
+    vocab_tile = _next_power_of_2(vocab_size)
+    if multiprocessors is not None:
+        block_v = min(vocab_tile, GPU_TILE)
+        rows = min(max(1, GPU_TILE // block_v), _next_power_of_2(batch_size))
+        target_programs, max_splits = 2 * multiprocessors, vocab_size
+    else:
+        block_v = min(vocab_tile, INTERPRETER_MAX_BLOCK_V)
+        rows = min(max(1, INTERPRETER_TILE // block_v), _next_power_of_2(batch_size))
+        target_programs, max_splits = 1, INTERPRETER_MAX_SPLITS
+    tiles = _cdiv(vocab_size, block_v)
+    row_blocks = _cdiv(batch_size, rows)
+    splits = max(1, min(tiles, max_splits, _cdiv(target_programs, row_blocks)))
+    split_size = _cdiv(tiles, splits) * block_v
+    max_registers = GPU_MAX_REGISTERS if multiprocessors is not None and rows == 1 else None
+    return LaunchConfig(rows, block_v, split_size, _cdiv(vocab_size, split_size), max_registers)
+
+
+def _next_power_of_2(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def _cdiv(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessor_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
+                        seed_tensor, seed, offset_tensor, offset):
+    from .._kernels.chain_verify import _chain_verify_kernel
+
+    batch_size, rows_per_request, vocab_size = target.shape
+    max_drafts = rows_per_request - 1
+    device = target.device
+    output = torch.empty((batch_size, rows_per_request), dtype=torch.int32, device=device)
+    num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
+    if batch_size == 0:
+        return output, num_accepted
+    target = target if target.stride(-1) == 1 else target.contiguous()
+    draft = draft if draft is None or draft.stride(-1) == 1 else draft.contiguous()
+    multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
+    rows, block_v, split_size, num_splits, max_registers = launch_config(batch_size, vocab_size, multiprocessors)
+    block_k1 = _next_power_of_2(rows_per_request)
+    row_blocks = _cdiv(batch_size, rows)
+    slots = row_blocks * num_splits * rows
+    waves = 2 if logits else 1
+
+    def scratch(name, dtype, per_slot=1):
+        return _workspace.buffer(f"chain_verify.{name}", slots * per_slot, dtype, device)
+
+    placeholder = target
+    _chain_verify_kernel[(waves * row_blocks * num_splits,)](
+        draft_token_ids, target, placeholder if draft is None else draft,
+        placeholder if num_draft_tokens is None else num_draft_tokens,
+        placeholder if temperature is None else temperature,
+        placeholder if seed_tensor is None else seed_tensor, seed,
+        placeholder if offset_tensor is None else offset_tensor, offset,
+        output, num_accepted,
+        scratch("race_key", torch.float32), scratch("race_arg", torch.int32),
+        scratch("fallback_key", torch.float32), scratch("fallback_arg", torch.int32),
+        scratch("has_mass", torch.int32),
+        scratch("scan_max", torch.float32, block_k1), scratch("scan_arg", torch.int32, block_k1),
+        scratch("scan_sum", torch.float32, block_k1), scratch("scan_dmax", torch.float32, block_k1),
+        scratch("scan_dsum", torch.float32, block_k1),
+        _workspace.buffer("chain_verify.arrivals", row_blocks, torch.int32, device),
+        batch_size, max_drafts, vocab_size, num_splits, split_size,
+        draft_token_ids.stride(0), target.stride(0), target.stride(1),
+        0 if draft is None else draft.stride(0), 0 if draft is None else draft.stride(1), output.stride(0),
+        HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None,
+        HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
+        SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
+        OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1,
+        ROWS=rows, BLOCK_K1=block_k1, BLOCK_V=block_v,
+        num_warps=4, enable_fp_fusion=False, **({} if max_registers is None else {"maxnreg": max_registers}),
+    )
+    return output, num_accepted
