@@ -1,0 +1,1 @@
+"""Triton kernels (@triton.jit functions only), installed as ``specdec_kernels._kernels``."""
