@@ -65,6 +65,20 @@ def test_backends_match_reference(backend, batch_size, max_drafts, vocab_size, d
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_strided_inputs(backend, device):
+    backend_or_skip("chain_verify", backend)
+    draft_ids, target, draft, num_drafts = random_case(5, 3, 64, seed=12, device=device)
+    strided_ids = draft_ids.t().contiguous().t()
+    strided_target = target.transpose(1, 2).contiguous().transpose(1, 2)
+    seeds = torch.arange(10, device=device)[::2]
+    expected = sk.chain_verify(draft_ids, target, draft, num_draft_tokens=num_drafts, seed=seeds.contiguous(),
+                               backend="reference")
+    actual = sk.chain_verify(strided_ids, strided_target, draft, num_draft_tokens=num_drafts, seed=seeds,
+                             backend=backend)
+    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_equal_distributions_accept_everything(backend, device):
     backend_or_skip("chain_verify", backend)
     draft_ids, target, _, _ = random_case(64, 5, 50, seed=1, device=device)

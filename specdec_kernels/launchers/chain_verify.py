@@ -62,6 +62,12 @@ def _cdiv(numerator: int, denominator: int) -> int:
     return -(-numerator // denominator)
 
 
+def _unit_last_stride(tensor):
+    if tensor is None or tensor.dim() == 0 or tensor.stride(-1) == 1:
+        return tensor
+    return tensor.contiguous()
+
+
 @functools.lru_cache(maxsize=None)
 def _multiprocessor_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -78,8 +84,11 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
     num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
     if batch_size == 0:
         return output, num_accepted
-    target = target if target.stride(-1) == 1 else target.contiguous()
-    draft = draft if draft is None or draft.stride(-1) == 1 else draft.contiguous()
+    # The kernel takes row strides and assumes unit stride along the last dim.
+    draft_token_ids, target, draft, num_draft_tokens, temperature, seed_tensor, offset_tensor = (
+        _unit_last_stride(tensor)
+        for tensor in (draft_token_ids, target, draft, num_draft_tokens, temperature, seed_tensor, offset_tensor)
+    )
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     rows, block_v, split_size, num_splits, max_registers = launch_config(batch_size, vocab_size, multiprocessors)
     block_k1 = _next_power_of_2(rows_per_request)

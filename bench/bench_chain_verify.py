@@ -1,0 +1,143 @@
+"""Benchmark of ``sk.chain_verify``: reference, Triton, CUDA (and FlashInfer when importable).
+
+Sweep (GPU): B in {1, 8, 64, 256}, K in {1, 4, 8}, V in {32000, 128256, 151936},
+inputs as float32 probabilities and as bfloat16 logits. ``--quick`` keeps
+K = 4 and V = 128256. On a CPU: V = 32000, small batches, reference only.
+
+Inputs: target logits ``3 * N(0, 1)``, draft logits = target + ``0.5 * N(0, 1)``
+(acceptance about 0.8 per position), draft tokens sampled from the draft.
+The offset is an int64 device tensor, as in a captured decoding loop.
+
+Minimum bytes, per request with ``a`` accepted of ``K`` drafts (``a`` is the
+measured ``num_accepted`` of the benchmark inputs, averaged over the first 4 rotated
+input sets):
+
+* probabilities: the draft ids read up to the first rejection
+  (``min(a + 1, K)``), the gathers ``p_i(t_i)`` and ``q_i(t_i)`` for the ``a``
+  accepted positions, the full row of ``p`` at the sampled position ``a``
+  plus the full row of ``q`` there when it is a rejection (``a < K``; the
+  bonus row needs ``p`` only), and the outputs ``[B, K+1]`` + ``[B]`` int32;
+* logits: a softmax needs its whole row, so the full target rows
+  ``0..a`` and the full draft rows ``0..min(a, K-1)``, the same ids and outputs.
+
+Run alone: ``python bench/bench_chain_verify.py [--quick] [--output DIR]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+import harness
+import specdec_kernels as sk
+
+OP = "chain_verify"
+BATCH_KEY = "B"
+SERIES_KEYS = ("inputs",)
+INPUTS = ("probs-fp32", "logits-bf16")
+SEED = 1234
+SHARPNESS = 3.0
+DRAFT_NOISE = 0.5
+MIN_BYTES_BASIS = "measured: num_accepted of the benchmark inputs (not the expected count)"
+NOTES = [
+    "min_bytes uses the measured num_accepted of the benchmark inputs (mean over the first 4 rotated input sets), "
+    "not an expected count; mean_accepted in each row is that count.",
+    "probabilities: ids up to the first rejection + p(t), q(t) gathers at accepted positions + full p row "
+    "(and q row after a rejection) at the sampled position + outputs.",
+    "logits: full target rows 0..a and draft rows 0..min(a, K-1) (a softmax reads its whole row) + ids + outputs.",
+    "matches_reference: bit-exact outputs for probabilities; for logits at least 99% of requests identical "
+    "(softmax rounding may differ between backends). flashinfer draws its own random numbers: not compared.",
+]
+
+
+def configs(settings: harness.Settings) -> list[dict]:
+    if settings.tiny:
+        sizes = itertools.product((1, 4), (2,), (1000,))
+    elif not settings.is_cuda:
+        sizes = itertools.product((1, 8), (4,), (32000,)) if settings.quick else \
+            itertools.product((1, 8, 32), (1, 4), (32000,))
+    elif settings.quick:
+        sizes = itertools.product((1, 8, 64, 256), (4,), (128256,))
+    else:
+        sizes = itertools.product((1, 8, 64, 256), (1, 4, 8), (32000, 128256, 151936))
+    return [dict(B=b, K=k, V=v, inputs=inputs) for (b, k, v), inputs in itertools.product(sizes, INPUTS)]
+
+
+def _flashinfer():
+    try:
+        import flashinfer.sampling
+
+        return flashinfer.sampling
+    except Exception:
+        return None
+
+
+def providers(settings: harness.Settings) -> list[str]:
+    names = harness.backend_providers(OP, settings)
+    if settings.is_cuda and _flashinfer() is not None:
+        names.append("flashinfer")
+    return names
+
+
+class Case:
+    def __init__(self, config: dict, settings: harness.Settings):
+        self.batch, self.max_drafts, self.vocab = config["B"], config["K"], config["V"]
+        self.logits = config["inputs"].startswith("logits")
+        self.device = settings.device
+
+    def make_inputs(self, index: int) -> dict:
+        generator = torch.Generator(self.device).manual_seed(1000 + index)
+        shape = (self.batch, self.max_drafts + 1, self.vocab)
+        target_logits = torch.randn(shape, generator=generator, device=self.device) * SHARPNESS
+        draft_logits = target_logits[:, :-1] + DRAFT_NOISE * torch.randn(
+            (self.batch, self.max_drafts, self.vocab), generator=generator, device=self.device)
+        if self.logits:
+            target, draft = target_logits.to(torch.bfloat16), draft_logits.to(torch.bfloat16)
+            draft_probs = torch.softmax(draft.float(), -1)
+        else:
+            target, draft = torch.softmax(target_logits, -1), torch.softmax(draft_logits, -1)
+            draft_probs = draft
+        del target_logits, draft_logits
+        ids = torch.multinomial(draft_probs.view(-1, self.vocab), 1, generator=generator)
+        ids = ids.view(self.batch, self.max_drafts).to(torch.int32)
+        offset = torch.tensor(index, dtype=torch.int64, device=self.device)
+        return {"ids": ids, "target": target, "draft": draft, "offset": offset}
+
+    def set_bytes(self, inputs: dict) -> int:
+        return sum(t.numel() * t.element_size() for t in inputs.values())
+
+    def supports(self, provider: str) -> bool:
+        return provider != "flashinfer" or not self.logits  # FlashInfer takes probabilities
+
+    def call(self, provider: str, inputs: dict):
+        if provider == "flashinfer":
+            return _flashinfer().chain_speculative_sampling(inputs["draft"], inputs["ids"], inputs["target"])
+        return sk.chain_verify(inputs["ids"], inputs["target"], inputs["draft"], logits=self.logits, seed=SEED,
+                               offset=inputs["offset"], backend=provider)
+
+    def same(self, expected, actual) -> bool:
+        if not isinstance(actual, tuple):  # a peer library: its own random numbers
+            return None
+        if not self.logits:
+            return torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])
+        rows_equal = (expected[0] == actual[0]).all(dim=-1) & (expected[1] == actual[1])
+        return bool(rows_equal.float().mean() >= 0.99)
+
+    def min_bytes(self, inputs: dict, reference_out) -> tuple[float, dict]:
+        accepted = reference_out[1].to(torch.int64).cpu()
+        drafts, vocab = self.max_drafts, self.vocab
+        element = inputs["target"].element_size()
+        ids_read = torch.clamp(accepted + 1, max=drafts) * inputs["ids"].element_size()
+        if self.logits:
+            rows = (accepted + 1) + torch.clamp(accepted + 1, max=drafts)
+            per_request = ids_read + rows * vocab * element
+        else:
+            rejected = (accepted < drafts).to(torch.int64)
+            per_request = ids_read + accepted * 2 * element + (1 + rejected) * vocab * element
+        outputs = self.batch * (drafts + 1) * 4 + self.batch * 4
+        return float(per_request.sum()) + outputs, {"mean_accepted": float(accepted.float().mean())}
+
+
+if __name__ == "__main__":
+    raise SystemExit(harness.main(ops=[OP]))

@@ -1,0 +1,145 @@
+"""Benchmark of ``sk.tree_verify``: reference, Triton, CUDA (the backends that exist).
+
+Sweep (GPU): B in {1, 8, 64, 256}, tree size N in {16, 64}, V in {32000, 128256},
+float32 probabilities and bfloat16 logits; ``--quick``: N = 32, V = 32000.
+On a CPU: V = 32000, small batches, reference only.
+
+Inputs: a breadth-first tree, 4 children at the root, 2 at depths 1 and 2,
+chains below (``harness.branching_tree``), the same for every request. Each
+node's children are drawn from the draft row of that node without
+replacement (Gumbel top-k); target logits ``3 * N(0, 1)``, draft logits =
+target + ``0.5 * N(0, 1)``; ``draft_sampling="without_replacement"``.
+
+Minimum bytes, from the measured accepted path of each request: the parents
+array, the ids of the children tried, and per node on the path:
+
+* probabilities: a node where a child was rejected needs the full target and
+  draft rows (the residual is normalised over the vocabulary); the last node
+  needs its full target row (the sample); a node whose first tried child was
+  accepted needs only the gathers ``p(t)``, ``q(t)``;
+* logits: the full target row of every node on the path and the full draft
+  row of every node whose children were tried (a softmax reads its whole row);
+
+plus the outputs (two ``[B, N]`` and one ``[B]`` int32).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+import harness
+import specdec_kernels as sk
+
+OP = "tree_verify"
+BATCH_KEY = "B"
+SERIES_KEYS = ("inputs",)
+INPUTS = ("probs-fp32", "logits-bf16")
+SEED = 4321
+SHARPNESS = 3.0
+DRAFT_NOISE = 0.5
+MIN_BYTES_BASIS = "measured: accepted paths of the benchmark inputs (not the expected count)"
+NOTES = [
+    "min_bytes uses the measured accepted path of the benchmark inputs (mean over the first 4 rotated input sets); "
+    "mean_accepted in each row is the mean accepted depth.",
+    "matches_reference: bit-exact for probabilities; for logits at least 99% of requests identical.",
+]
+
+
+def configs(settings: harness.Settings) -> list[dict]:
+    if settings.tiny:
+        sizes = itertools.product((1, 2), (8,), (500,))
+    elif not settings.is_cuda:
+        sizes = itertools.product((1, 4), (16,), (32000,)) if settings.quick else \
+            itertools.product((1, 4, 16), (8, 16), (32000,))
+    elif settings.quick:
+        sizes = itertools.product((1, 8, 64, 256), (32,), (32000,))
+    else:
+        sizes = itertools.product((1, 8, 64, 256), (16, 64), (32000, 128256))
+    return [dict(B=b, N=n, V=v, inputs=inputs) for (b, n, v), inputs in itertools.product(sizes, INPUTS)]
+
+
+def providers(settings: harness.Settings) -> list[str]:
+    return harness.backend_providers(OP, settings)
+
+
+class Case:
+    def __init__(self, config: dict, settings: harness.Settings):
+        self.batch, self.nodes, self.vocab = config["B"], config["N"], config["V"]
+        self.logits = config["inputs"].startswith("logits")
+        self.device = settings.device
+        self.parent_list = harness.branching_tree(self.nodes)
+        self.children = harness.children_lists(self.parent_list)
+
+    def make_inputs(self, index: int) -> dict:
+        generator = torch.Generator(self.device).manual_seed(2000 + index)
+        shape = (self.batch, self.nodes, self.vocab)
+        target_logits = torch.randn(shape, generator=generator, device=self.device) * SHARPNESS
+        draft_logits = target_logits + DRAFT_NOISE * torch.randn(shape, generator=generator, device=self.device)
+        if self.logits:
+            target, draft = target_logits.to(torch.bfloat16), draft_logits.to(torch.bfloat16)
+        else:
+            target, draft = torch.softmax(target_logits, -1), torch.softmax(draft_logits, -1)
+        del target_logits, draft_logits
+        tokens = self._draw_children(draft, generator)
+        parents = torch.tensor(self.parent_list, dtype=torch.int32, device=self.device).expand(self.batch, -1)
+        offset = torch.tensor(index, dtype=torch.int64, device=self.device)
+        return {"tokens": tokens, "parents": parents.contiguous(), "target": target, "draft": draft,
+                "offset": offset}
+
+    def _draw_children(self, draft: torch.Tensor, generator) -> torch.Tensor:
+        """Children of every node drawn without replacement from its draft row (Gumbel top-k)."""
+        widest = max(len(kids) for kids in self.children)
+        tokens = torch.zeros((self.batch, self.nodes), dtype=torch.int32, device=self.device)
+        for start in range(0, self.batch, 16):  # bounded temporaries at large B * N * V
+            rows = draft[start:start + 16].float()
+            log_q = torch.log_softmax(rows, -1) if self.logits else torch.log(rows)
+            uniform = torch.rand(log_q.shape, generator=generator, device=self.device).clamp_min_(1e-20)
+            top = torch.topk(log_q - torch.log(-torch.log(uniform)), widest, dim=-1).indices
+            for node, kids in enumerate(self.children):
+                for rank, child in enumerate(kids):
+                    tokens[start:start + 16, child] = top[:, node, rank].to(torch.int32)
+        return tokens
+
+    def set_bytes(self, inputs: dict) -> int:
+        return sum(t.numel() * t.element_size() for t in inputs.values())
+
+    def call(self, provider: str, inputs: dict):
+        return sk.tree_verify(inputs["tokens"], inputs["parents"], inputs["target"], inputs["draft"],
+                              logits=self.logits, draft_sampling="without_replacement", seed=SEED,
+                              offset=inputs["offset"], backend=provider)
+
+    def same(self, expected, actual) -> bool:
+        if not self.logits:
+            return all(torch.equal(e, a) for e, a in zip(expected, actual))
+        rows_equal = (expected[0] == actual[0]).all(-1) & (expected[1] == actual[1]).all(-1)
+        return bool(rows_equal.float().mean() >= 0.99)
+
+    def min_bytes(self, inputs: dict, reference_out) -> tuple[float, dict]:
+        accepted_nodes = reference_out[0].cpu().tolist()
+        num_accepted = reference_out[2].cpu().tolist()
+        element = inputs["target"].element_size()
+        row = self.vocab * element
+        total = 0
+        for path, depth in zip(accepted_nodes, num_accepted):
+            for step in range(depth + 1):
+                kids = self.children[path[step]]
+                tried = [child for child in kids if child <= path[step + 1]] if step < depth else kids
+                rejections = len(tried) - (1 if step < depth else 0)
+                total += len(tried) * 4  # token ids
+                if self.logits:
+                    total += row + (row if tried else 0)
+                elif rejections > 0:
+                    total += 2 * row
+                elif step == depth:
+                    total += row
+                else:
+                    total += 2 * element
+        total += self.batch * self.nodes * 4  # parents
+        total += 2 * self.batch * self.nodes * 4 + self.batch * 4  # outputs
+        return float(total), {"mean_accepted": sum(num_accepted) / len(num_accepted)}
+
+
+if __name__ == "__main__":
+    raise SystemExit(harness.main(ops=[OP]))

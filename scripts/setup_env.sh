@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sourced by .ci/run and scripts/main.sh: creates a fresh virtual environment
+# in $SPECDEC_VENV (default .venv), installs the pinned toolchain, builds and
+# installs the package (the CUDA extension when nvcc is found), and prints the
+# ptxas register/spill lines of the CUDA kernels. Leaves the venv activated.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${SPECDEC_VENV:-$repo_root/.venv}"
+export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+echo "== venv at $venv =="
+rm -rf "$venv"
+python3.11 -m venv "$venv"
+# shellcheck disable=SC1091
+source "$venv/bin/activate"
+# torch first, pinned: the CPU wheel lies on local disk; a bare `torch`
+# requirement could resolve to a multi-GB CUDA build. triton is pinned so the
+# ahead-of-time compile report is reproducible.
+python -m pip install -q torch==2.13.0
+python -m pip install -q setuptools wheel triton==3.9.0 numpy scipy pytest ninja matplotlib tqdm
+python -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__)"
+
+echo "== build and install (pip install --no-build-isolation -v -e .) =="
+build_log="$venv/build.log"
+if ! (cd "$repo_root" && python -m pip install --no-build-isolation -v -e .) >"$build_log" 2>&1; then
+    tail -n 200 "$build_log"
+    echo "FAILED: pip install --no-build-isolation -e ." >&2
+    exit 1
+fi
+grep -E 'specdec_kernels setup:' "$build_log" | sort -u || true
+
+echo "== ptxas (CUDA extension): registers and spills per kernel =="
+grep -E 'Compiling entry function|registers|spill' "$build_log" | sed 's/^ *//' || echo "(none: the CUDA extension was not built)"
