@@ -99,3 +99,27 @@ def count_sequences(tokens: torch.Tensor) -> dict[tuple[int, ...], int]:
     """Histogram of the rows of an int tensor ``[num_samples, length]``."""
     unique, counts = torch.unique(tokens, dim=0, return_counts=True)
     return {tuple(int(t) for t in row): int(c) for row, c in zip(unique.tolist(), counts.tolist())}
+
+
+def append_emitted(tokens: torch.Tensor, produced: torch.Tensor, rows: torch.Tensor, output: torch.Tensor,
+                   num_accepted: torch.Tensor) -> torch.Tensor:
+    """Append each verified sequence's ``num_accepted + 1`` emitted tokens.
+
+    ``rows`` are the indices of the sequences in the verified batch, in batch
+    order; tokens past the width of ``tokens`` are dropped. Returns the last
+    emitted token of each row (the next step's context).
+    """
+    output, num_accepted = output.cpu().long(), num_accepted.cpu().long()
+    emitted = num_accepted + 1
+    slots = torch.arange(output.shape[1]).view(1, -1)
+    positions = produced[rows].view(-1, 1) + slots
+    keep = (slots < emitted.view(-1, 1)) & (positions < tokens.shape[1])
+    tokens[rows.view(-1, 1).expand_as(positions)[keep], positions[keep]] = output[keep]
+    produced[rows] += emitted
+    return output[torch.arange(rows.shape[0]), num_accepted]
+
+
+def joint_pvalue(tokens: torch.Tensor, model: MarkovModel, start_token: int) -> float:
+    """Chi-square p-value of the rows of ``tokens`` against the model's exact joint."""
+    expected = model.exact_joint(start_token, tokens.shape[1])
+    return chi_square_pvalue(count_sequences(tokens), expected, tokens.shape[0])

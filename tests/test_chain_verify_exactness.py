@@ -16,7 +16,7 @@ import torch
 
 import specdec_kernels as sk
 from conftest import ALL_BACKENDS, backend_or_skip
-from markov import SIGNIFICANCE, MarkovModel, chi_square_pvalue, count_sequences
+from markov import SIGNIFICANCE, MarkovModel, append_emitted, joint_pvalue
 from specdec_kernels.reference import _sampling
 
 NUM_SEQUENCES = 100_000
@@ -72,21 +72,13 @@ def generate(target_model, draft_model, *, max_drafts, backend, device, draft_mo
             temperature=None if temperature is None else temperature.to(device),
             logits=temperature is not None, seed=seed, offset=step, backend=backend,
         )
-        output, num_accepted = output.cpu().long(), num_accepted.cpu().long()
-        emitted = num_accepted + 1
-        slots = produced.view(-1, 1) + torch.arange(max_drafts + 1).view(1, -1)
-        keep = (torch.arange(max_drafts + 1).view(1, -1) < emitted.view(-1, 1)) & (slots < LENGTH)
-        rows = torch.arange(num_sequences).view(-1, 1).expand_as(slots)
-        tokens[rows[keep], slots[keep]] = output[keep]
-        produced += emitted
-        prev = output[torch.arange(num_sequences), num_accepted]
+        prev = append_emitted(tokens, produced, torch.arange(num_sequences), output, num_accepted)
         step += 1
     return tokens
 
 
 def exactness_pvalue(tokens, target_model):
-    expected = target_model.exact_joint(START_TOKEN, LENGTH)
-    return chi_square_pvalue(count_sequences(tokens), expected, tokens.shape[0])
+    return joint_pvalue(tokens, target_model, START_TOKEN)
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)

@@ -18,7 +18,7 @@ import torch
 
 import specdec_kernels as sk
 from conftest import backend_or_skip
-from markov import SIGNIFICANCE, MarkovModel, chi_square_pvalue, count_sequences
+from markov import SIGNIFICANCE, MarkovModel, append_emitted, joint_pvalue
 from specdec_kernels.reference import _sampling
 
 BACKENDS = ["reference"]
@@ -157,20 +157,13 @@ def generate(target_model, draft_model, *, branching, mode, backend, device, tem
             offset=step_offset,
             backend=backend,
         )
-        output, num_accepted = output.cpu().long(), num_accepted.cpu().long()
-        emitted = num_accepted + 1
-        positions = produced[active].view(-1, 1) + slots
-        keep = (slots < emitted.view(-1, 1)) & (positions < LENGTH)
-        tokens[active.view(-1, 1).expand_as(positions)[keep], positions[keep]] = output[keep]
-        produced[active] += emitted
-        prev[active] = output[torch.arange(batch_size), num_accepted]
+        prev[active] = append_emitted(tokens, produced, active, output, num_accepted)
         step += 1
     return tokens
 
 
 def exactness_pvalue(tokens, target_model):
-    expected = target_model.exact_joint(START_TOKEN, LENGTH)
-    return chi_square_pvalue(count_sequences(tokens), expected, tokens.shape[0])
+    return joint_pvalue(tokens, target_model, START_TOKEN)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
