@@ -41,12 +41,14 @@ class Checker:
             self.fail(f"`{name}` must be a torch.Tensor; got {type(value).__name__}", TypeError)
         if value.dtype not in dtypes:
             self.fail(f"`{name}` must have dtype {_dtype_text(dtypes)}; got {_dtype_text([value.dtype])}", TypeError)
-        expected = _shape_text(shape)
-        described = f"{symbols} = {expected}" if symbols else expected
-        if value.dim() != len(shape) or any(
-            size is not None and actual != size for actual, size in zip(value.shape, shape)
+        # Messages are built only on failure: these checks run on every call.
+        actual_shape = value.shape
+        if len(actual_shape) != len(shape) or any(
+            size is not None and actual != size for actual, size in zip(actual_shape, shape)
         ):
-            self.fail(f"`{name}` must have shape {described}; got {_shape_text(value.shape)}")
+            expected = _shape_text(shape)
+            described = f"{symbols} = {expected}" if symbols else expected
+            self.fail(f"`{name}` must have shape {described}; got {_shape_text(actual_shape)}")
         if value.device != self.device:
             self.fail(f"`{name}` must be on {self.device} like the other tensors; got {value.device}")
         return value
