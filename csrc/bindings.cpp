@@ -24,6 +24,7 @@
 #include <optional>
 #include <tuple>
 
+#include "specdec/chain_verify.cuh"
 #include "specdec/rng.cuh"
 
 namespace specdec {
@@ -196,6 +197,238 @@ RngFromWordsOutputs rng_from_words_cuda(const at::Tensor& words) {
   return outputs;
 }
 
+// ---------------------------------------------------------------------------
+// chain_verify: fused chain verification (csrc/chain_verify.cu). The caller
+// allocates the outputs and lends the workspace and the arrival counters
+// (specdec_kernels/ops/chain_verify.py keeps them across calls).
+
+struct ChainVerifyTensors {
+  const at::Tensor& draft_token_ids;
+  const at::Tensor& target;
+  const std::optional<at::Tensor>& draft;
+  const std::optional<at::Tensor>& num_draft_tokens;
+  const std::optional<at::Tensor>& temperature;
+  const std::optional<at::Tensor>& seed;
+  const std::optional<at::Tensor>& offset;
+  const at::Tensor& workspace;
+  const at::Tensor& arrivals;
+  const at::Tensor& output_token_ids;
+  const at::Tensor& num_accepted;
+};
+
+bool is_probability_dtype(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
+}
+
+void check_chain_verify_args(const ChainVerifyTensors& t) {
+  constexpr const char* op = "chain_verify";
+  const c10::Device device = t.target.device();
+  const auto same_device = [&](const at::Tensor& tensor, const char* name) {
+    TORCH_CHECK_VALUE(tensor.device() == device, "specdec_C::chain_verify: `", name, "` must be on ", device,
+                      " (the device of `target`), got ", tensor.device());
+  };
+  TORCH_CHECK_TYPE(is_probability_dtype(t.target.scalar_type()),
+                   "specdec_C::chain_verify: `target` must be Float, BFloat16 or Half, got ", t.target.scalar_type());
+  TORCH_CHECK_VALUE(t.target.dim() == 3 && t.target.size(1) >= 1,
+                    "specdec_C::chain_verify: `target` must have shape [B, K+1, V] with K+1 >= 1, got ",
+                    t.target.sizes());
+  const int64_t batch_size = t.target.size(0);
+  const int64_t max_drafts = t.target.size(1) - 1;
+  const int64_t vocab_size = t.target.size(2);
+  // Slices are int32 and rounded up to whole tiles: V <= 2**30 leaves room.
+  TORCH_CHECK_VALUE(vocab_size >= 1 && vocab_size <= (int64_t{1} << 30),
+                    "specdec_C::chain_verify: the vocabulary size V must be in [1, 2**30], got ", vocab_size);
+  TORCH_CHECK_VALUE(max_drafts < (int64_t{1} << 24) - 1,
+                    "specdec_C::chain_verify: K must be below 2**24 - 1 (the RNG position word), got ", max_drafts);
+
+  TORCH_CHECK_TYPE(t.draft_token_ids.scalar_type() == at::kInt || t.draft_token_ids.scalar_type() == at::kLong,
+                   "specdec_C::chain_verify: `draft_token_ids` must be Int or Long, got ",
+                   t.draft_token_ids.scalar_type());
+  TORCH_CHECK_VALUE(t.draft_token_ids.dim() == 2 && t.draft_token_ids.size(0) == batch_size &&
+                        t.draft_token_ids.size(1) == max_drafts,
+                    "specdec_C::chain_verify: `draft_token_ids` must have shape [B, K] = [", batch_size, ", ",
+                    max_drafts, "], got ", t.draft_token_ids.sizes());
+  same_device(t.draft_token_ids, "draft_token_ids");
+  if (t.draft.has_value()) {
+    TORCH_CHECK_TYPE(is_probability_dtype(t.draft->scalar_type()),
+                     "specdec_C::chain_verify: `draft` must be Float, BFloat16 or Half, got ", t.draft->scalar_type());
+    TORCH_CHECK_VALUE(t.draft->dim() == 3 && t.draft->size(0) == batch_size && t.draft->size(1) == max_drafts &&
+                          t.draft->size(2) == vocab_size,
+                      "specdec_C::chain_verify: `draft` must have shape [B, K, V] = [", batch_size, ", ", max_drafts,
+                      ", ", vocab_size, "], got ", t.draft->sizes());
+    same_device(*t.draft, "draft");
+  }
+  const auto check_vector = [&](const std::optional<at::Tensor>& tensor, const char* name, at::ScalarType dtype) {
+    if (!tensor.has_value()) return;
+    check_dtype(*tensor, op, name, dtype);
+    TORCH_CHECK_VALUE(tensor->dim() == 1 && tensor->size(0) == batch_size, "specdec_C::chain_verify: `", name,
+                      "` must have shape [B] = [", batch_size, "], got ", tensor->sizes());
+    same_device(*tensor, name);
+  };
+  check_vector(t.num_draft_tokens, "num_draft_tokens", at::kInt);
+  check_vector(t.temperature, "temperature", at::kFloat);
+  check_vector(t.seed, "seed", at::kLong);
+  if (t.offset.has_value()) {
+    check_dtype(*t.offset, op, "offset", at::kLong);
+    TORCH_CHECK_VALUE(t.offset->dim() == 0 || (t.offset->dim() == 1 && t.offset->size(0) == batch_size),
+                      "specdec_C::chain_verify: `offset` must have shape [] or [B] = [", batch_size, "], got ",
+                      t.offset->sizes());
+    same_device(*t.offset, "offset");
+  }
+
+  const int64_t slot_words = chain_verify_slot_words(static_cast<int32_t>(max_drafts));
+  check_dtype(t.workspace, op, "workspace", at::kInt);
+  TORCH_CHECK_VALUE(t.workspace.dim() == 1 && t.workspace.is_contiguous() &&
+                        t.workspace.numel() >= batch_size * slot_words,
+                    "specdec_C::chain_verify: `workspace` must be a contiguous [N] tensor with N >= B * (10 + 5 * K) "
+                    "= ",
+                    batch_size * slot_words, ", got ", t.workspace.sizes());
+  same_device(t.workspace, "workspace");
+  check_dtype(t.arrivals, op, "arrivals", at::kInt);
+  TORCH_CHECK_VALUE(t.arrivals.dim() == 1 && t.arrivals.is_contiguous() && t.arrivals.numel() >= batch_size,
+                    "specdec_C::chain_verify: `arrivals` must be a contiguous [N] tensor with N >= B = ", batch_size,
+                    ", got ", t.arrivals.sizes());
+  same_device(t.arrivals, "arrivals");
+  check_dtype(t.output_token_ids, op, "output_token_ids", at::kInt);
+  TORCH_CHECK_VALUE(t.output_token_ids.dim() == 2 && t.output_token_ids.size(0) == batch_size &&
+                        t.output_token_ids.size(1) == max_drafts + 1 &&
+                        (t.output_token_ids.stride(1) == 1 || max_drafts == 0),
+                    "specdec_C::chain_verify: `output_token_ids` must have shape [B, K+1] = [", batch_size, ", ",
+                    max_drafts + 1, "] with a contiguous last dim, got ", t.output_token_ids.sizes());
+  same_device(t.output_token_ids, "output_token_ids");
+  check_dtype(t.num_accepted, op, "num_accepted", at::kInt);
+  TORCH_CHECK_VALUE(t.num_accepted.dim() == 1 && t.num_accepted.size(0) == batch_size &&
+                        (t.num_accepted.stride(0) == 1 || batch_size <= 1),
+                    "specdec_C::chain_verify: `num_accepted` must be a contiguous [B] = [", batch_size,
+                    "] tensor, got ", t.num_accepted.sizes());
+  same_device(t.num_accepted, "num_accepted");
+}
+
+// Keeps the converted / contiguous inputs alive as long as the args point into them.
+struct ChainVerifyInputs {
+  at::Tensor draft_token_ids, target;
+  std::optional<at::Tensor> draft, num_draft_tokens, temperature, seed, offset;
+  ChainVerifyArgs args;
+};
+
+ProbDtype probability_dtype(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? ProbDtype::kBFloat16 : (dtype == at::kHalf ? ProbDtype::kFloat16 : ProbDtype::kFloat32);
+}
+
+std::optional<at::Tensor> contiguous_or_none(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() ? std::optional<at::Tensor>(tensor->contiguous()) : std::nullopt;
+}
+
+ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, bool logits, int64_t seed_value,
+                                       int64_t offset_value) {
+  ChainVerifyInputs inputs;
+  inputs.draft_token_ids = t.draft_token_ids;
+  inputs.target = t.target.stride(2) == 1 ? t.target : t.target.contiguous();
+  if (t.draft.has_value()) inputs.draft = t.draft->stride(2) == 1 ? *t.draft : t.draft->contiguous();
+  // The kernel reads target and draft with one storage type; mixed dtypes
+  // (rare) are widened to float32, which is exact.
+  if (inputs.draft.has_value() && inputs.draft->scalar_type() != inputs.target.scalar_type()) {
+    inputs.target = inputs.target.to(at::kFloat);
+    inputs.draft = inputs.draft->to(at::kFloat);
+  }
+  inputs.num_draft_tokens = contiguous_or_none(t.num_draft_tokens);
+  inputs.temperature = contiguous_or_none(t.temperature);
+  inputs.seed = contiguous_or_none(t.seed);
+  inputs.offset = contiguous_or_none(t.offset);
+
+  ChainVerifyArgs& args = inputs.args;
+  args.draft_token_ids = inputs.draft_token_ids.data_ptr();
+  args.ids_stride_b = inputs.draft_token_ids.stride(0);
+  args.ids_stride_k = inputs.draft_token_ids.stride(1);
+  args.token_dtype = inputs.draft_token_ids.scalar_type() == at::kLong ? TokenDtype::kInt64 : TokenDtype::kInt32;
+  args.target = inputs.target.data_ptr();
+  args.target_stride_b = inputs.target.stride(0);
+  args.target_stride_k = inputs.target.stride(1);
+  args.prob_dtype = probability_dtype(inputs.target.scalar_type());
+  if (inputs.draft.has_value()) {
+    args.draft = inputs.draft->data_ptr();
+    args.draft_stride_b = inputs.draft->stride(0);
+    args.draft_stride_k = inputs.draft->stride(1);
+  }
+  if (inputs.num_draft_tokens.has_value()) args.num_draft_tokens = inputs.num_draft_tokens->data_ptr<int32_t>();
+  if (inputs.temperature.has_value()) args.temperature = inputs.temperature->data_ptr<float>();
+  args.logits = logits;
+  args.rng.seed_value = seed_value;
+  args.rng.offset_value = offset_value;
+  if (inputs.seed.has_value()) args.rng.seed_ptr = inputs.seed->data_ptr<int64_t>();
+  if (inputs.offset.has_value()) {
+    args.rng.offset_ptr = inputs.offset->data_ptr<int64_t>();
+    args.rng.offset_per_request = inputs.offset->dim() == 1;
+  }
+  args.output_token_ids = t.output_token_ids.data_ptr<int32_t>();
+  args.output_stride_b = t.output_token_ids.stride(0);
+  args.num_accepted = t.num_accepted.data_ptr<int32_t>();
+  args.workspace = t.workspace.data_ptr<int32_t>();
+  args.workspace_words = t.workspace.numel();
+  args.arrivals = t.arrivals.data_ptr<int32_t>();
+  args.batch_size = inputs.target.size(0);
+  args.max_drafts = static_cast<int32_t>(inputs.target.size(1) - 1);
+  args.vocab_size = static_cast<int32_t>(inputs.target.size(2));
+  return inputs;
+}
+
+void chain_verify_meta(const at::Tensor& draft_token_ids, const at::Tensor& target,
+                       const std::optional<at::Tensor>& draft, const std::optional<at::Tensor>& num_draft_tokens,
+                       const std::optional<at::Tensor>& temperature, bool logits, const std::optional<at::Tensor>& seed,
+                       int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
+                       const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
+                       const at::Tensor& num_accepted) {
+  // Under dynamic shapes (torch.compile tracing with symbolic sizes) only
+  // dtypes and ranks are known; sizes are checked by the real kernels.
+  const auto symbolic = [](const at::Tensor& tensor) {
+    return tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  };
+  const auto symbolic_optional = [&](const std::optional<at::Tensor>& tensor) {
+    return tensor.has_value() && symbolic(*tensor);
+  };
+  if (symbolic(draft_token_ids) || symbolic(target) || symbolic_optional(draft) ||
+      symbolic_optional(num_draft_tokens) || symbolic_optional(temperature) || symbolic_optional(seed) ||
+      symbolic_optional(offset) || symbolic(workspace) || symbolic(arrivals) || symbolic(output_token_ids) ||
+      symbolic(num_accepted)) {
+    TORCH_CHECK_TYPE(is_probability_dtype(target.scalar_type()),
+                     "specdec_C::chain_verify: `target` must be Float, BFloat16 or Half, got ", target.scalar_type());
+    TORCH_CHECK_VALUE(target.dim() == 3 && draft_token_ids.dim() == 2 && output_token_ids.dim() == 2,
+                      "specdec_C::chain_verify: `target` must be [B, K+1, V], `draft_token_ids` [B, K] and "
+                      "`output_token_ids` [B, K+1]");
+    return;
+  }
+  check_chain_verify_args({draft_token_ids, target, draft, num_draft_tokens, temperature, seed, offset, workspace,
+                           arrivals, output_token_ids, num_accepted});
+}
+
+void chain_verify_cpu(const at::Tensor& draft_token_ids, const at::Tensor& target,
+                      const std::optional<at::Tensor>& draft, const std::optional<at::Tensor>& num_draft_tokens,
+                      const std::optional<at::Tensor>& temperature, bool logits, const std::optional<at::Tensor>& seed,
+                      int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
+                      const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
+                      const at::Tensor& num_accepted) {
+  const ChainVerifyTensors tensors = {draft_token_ids, target,   draft,    num_draft_tokens, temperature, seed,
+                                      offset,          workspace, arrivals, output_token_ids, num_accepted};
+  check_chain_verify_args(tensors);
+  const ChainVerifyInputs inputs = prepare_chain_verify(tensors, logits, seed_value, offset_value);
+  const char* failure = chain_verify_host(inputs.args);
+  TORCH_CHECK(failure == nullptr, "specdec_C::chain_verify (host): ", failure);
+}
+
+void chain_verify_cuda(const at::Tensor& draft_token_ids, const at::Tensor& target,
+                       const std::optional<at::Tensor>& draft, const std::optional<at::Tensor>& num_draft_tokens,
+                       const std::optional<at::Tensor>& temperature, bool logits, const std::optional<at::Tensor>& seed,
+                       int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
+                       const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
+                       const at::Tensor& num_accepted) {
+  const ChainVerifyTensors tensors = {draft_token_ids, target,   draft,    num_draft_tokens, temperature, seed,
+                                      offset,          workspace, arrivals, output_token_ids, num_accepted};
+  check_chain_verify_args(tensors);
+  const c10::DeviceGuard device_guard(target.device());
+  const ChainVerifyInputs inputs = prepare_chain_verify(tensors, logits, seed_value, offset_value);
+  check_launch(launch_chain_verify(inputs.args, current_cuda_stream(target.device())), "chain_verify");
+}
+
 }  // namespace
 }  // namespace specdec
 
@@ -214,21 +447,34 @@ TORCH_LIBRARY(specdec_C, m) {
       "Tensor positions, int num_indices) -> (Tensor words, Tensor uniforms, Tensor exponentials)");
   // words int32 [..., 4] -> uniforms (of w0) and exponentials, float32 [...].
   m.def("rng_from_words(Tensor words) -> (Tensor uniforms, Tensor exponentials)");
+  // Fused chain verification (include/specdec/chain_verify.cuh): writes
+  // output_token_ids int32 [B, K+1] and num_accepted int32 [B]. Arguments as
+  // specdec::chain_verify, with seed/offset as in rng_fill; `workspace`
+  // int32 [N], N >= B * (10 + 5 * K) (more lets the vocabulary split over
+  // more blocks), contents need not be initialised; `arrivals` int32 [>= B],
+  // zero before the call and left zero after it.
+  m.def(
+      "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft, Tensor? num_draft_tokens, "
+      "Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, int offset_value, "
+      "Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, Tensor(d!) num_accepted) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, CPU, m) {
   m.impl("rng_fill", &specdec::rng_fill_cpu);
   m.impl("rng_from_words", &specdec::rng_from_words_cpu);
+  m.impl("chain_verify", &specdec::chain_verify_cpu);
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, CUDA, m) {
   m.impl("rng_fill", &specdec::rng_fill_cuda);
   m.impl("rng_from_words", &specdec::rng_from_words_cuda);
+  m.impl("chain_verify", &specdec::chain_verify_cuda);
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, Meta, m) {
   m.impl("rng_fill", &specdec::rng_fill_meta);
   m.impl("rng_from_words", &specdec::rng_from_words_meta);
+  m.impl("chain_verify", &specdec::chain_verify_meta);
 }
 
 // `import specdec_kernels._C` loads this library, which runs the

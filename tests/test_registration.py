@@ -101,10 +101,14 @@ def test_chain_verify_in_a_cuda_graph_draws_fresh_numbers_per_offset(backend, de
     backend_or_skip("chain_verify", backend)
     draft_ids, target, draft = chain_inputs(device, batch_size=8, max_drafts=4, vocab_size=32000)
     offset = torch.tensor(0, device=device)
-    sk.chain_verify(draft_ids, target, draft, seed=5, offset=offset, backend=backend)  # warm-up: compile, workspace
+    # Warm up on the capture stream: compiles the kernel and allocates that
+    # stream's workspace outside the capture.
+    capture_stream = torch.cuda.Stream()
+    with torch.cuda.stream(capture_stream):
+        sk.chain_verify(draft_ids, target, draft, seed=5, offset=offset, backend=backend)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=capture_stream):
         tokens, accepted = sk.chain_verify(draft_ids, target, draft, seed=5, offset=offset, backend=backend)
     outputs = []
     for step in range(4):

@@ -1,4 +1,4 @@
-"""Triton launcher for chain_verify: launch configuration, workspace, one launch."""
+"""Launchers for chain_verify: the Triton kernel (configuration, workspace, one launch) and the CUDA extension."""
 
 from __future__ import annotations
 
@@ -123,5 +123,28 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
         OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1,
         ROWS=rows, BLOCK_K1=block_k1, BLOCK_V=block_v,
         num_warps=4, enable_fp_fusion=False, **({} if max_registers is None else {"maxnreg": max_registers}),
+    )
+    return output, num_accepted
+
+
+def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
+                      seed_tensor, seed, offset_tensor, offset):
+    batch_size, rows_per_request, _ = target.shape
+    device = target.device
+    output = torch.empty((batch_size, rows_per_request), dtype=torch.int32, device=device)
+    num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
+    if batch_size == 0:
+        return output, num_accepted
+    # The CUDA launcher (csrc/chain_verify.cu) aims at two blocks per SM, so it
+    # uses at most B + 2 * SMs (request, slice) slots of 5 + 5 * (K + 1) int32
+    # words; a smaller workspace would only mean fewer, longer slices. The
+    # arrival counters are left at zero by every call (no memset launch).
+    slots = batch_size + 2 * _multiprocessor_count(device)
+    workspace = _workspace.buffer("chain_verify_cuda.workspace", slots * (5 + 5 * rows_per_request), torch.int32,
+                                  device)
+    arrivals = _workspace.buffer("chain_verify_cuda.arrivals", batch_size, torch.int32, device)
+    torch.ops.specdec_C.chain_verify(
+        draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
+        seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
     )
     return output, num_accepted

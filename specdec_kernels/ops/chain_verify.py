@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
-from ..launchers.chain_verify import triton_chain_verify
+from ..launchers.chain_verify import cuda_chain_verify, triton_chain_verify
 from ..reference import chain_verify as reference
 
 OP_NAME = "chain_verify"
@@ -141,4 +141,4 @@ def _fake(draft_token_ids, target, *args):
     return output, target.new_empty((batch_size,), dtype=torch.int32)
 
 
-_library.register(OP_NAME, {"reference": _reference, "triton": triton_chain_verify}, _fake)
+_library.register(OP_NAME, {"reference": _reference, "triton": triton_chain_verify, "cuda": cuda_chain_verify}, _fake)

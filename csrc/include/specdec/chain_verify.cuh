@@ -28,9 +28,16 @@
 // (max, argmax) of every target row 0..K (the stop needs argmaxes no block
 // knows alone).
 //
+// Workspace: one slot of chain_verify_slot_words(K) int32 words per
+// (request, split): the race results, then per-row statistics (field
+// constants below). Only thread 0 of a block writes its slot. The caller's
+// workspace size caps num_splits (at least one slot per request).
+//
 // Finishing. After writing, a block arrives at the request's counter
-// (__syncthreads; thread 0: __threadfence, atomicAdd). The block that arrives
-// last combines the slices in the workspace (read with __ldcg), writes
+// (__syncthreads; thread 0: __threadfence, atomicAdd, __threadfence, the
+// pattern of CUDA's threadFenceReduction sample and of the cooperative-groups
+// grid barrier). The block that arrives last combines the slices in the
+// workspace (read with __ldcg, so never from a stale L1 line), writes
 // output_token_ids[b] and num_accepted[b], and sets the counter back to zero,
 // so the next call needs no memset launch.
 //
@@ -44,9 +51,13 @@
 // splits), decide j, race over their slice with p = exp(x / T - log Z), and
 // arrive; the last of the 2 * num_splits arrivals finishes. Every wave-2
 // block has a higher linear id than every wave-1 block and blocks are
-// dispatched in increasing id, so a spinning block waits only on blocks that
-// are resident or done. Wave-2 blocks of greedy requests have nothing to do:
-// they arrive without waiting (the last arrival, whoever it is, finishes).
+// dispatched in increasing id (the assumption the Triton kernel and
+// CUTLASS's stream-K fixup make too), so a spinning block waits only on
+// blocks that are resident or done. A wave-2 block arrives only after seeing
+// all wave-1 arrivals, so the finishing block of a sampled request is a
+// wave-2 block and knows j. Wave-2 blocks of greedy requests have nothing to
+// do: they arrive without waiting (the last arrival, whoever it is,
+// finishes from the argmaxes).
 //
 // Every block of a request computes the same j: the same data through the
 // same reduction tree (the combine operations are commutative, so every
@@ -59,6 +70,13 @@
 // rounds differently from torch.softmax: decisions can differ from the
 // reference when a test lands within a few ulp.
 //
+// Differences from the Triton kernel, none visible in the outputs with
+// probabilities: one request per block (no row packing at small V); the
+// greedy argmax ranks NaN above every number, like torch.argmax; the logits
+// normalisers are merged pairwise ((max, sum) with rescaling) rather than in
+// two passes over the splits; acceptance tests with logits run one position
+// per warp (lanes over the splits) instead of one program-wide vector.
+//
 // Values never cause an out-of-bounds access: draft ids outside [0, V) are
 // rejections and are never gathered, num_draft_tokens is clamped to [0, K],
 // and only rows 0..K (target) and 0..K-1 (draft) are read. Pointer offsets
@@ -66,11 +84,14 @@
 //
 // The block program is written once against a small "block" interface
 // (thread/warp ids, warp and block all-reduce, arrive, wait, loads of other
-// blocks' results): DeviceBlock runs it in the kernel; HostBlock runs it
-// with one thread per block, block after block in id order, as the CPU
-// implementation of torch.ops.specdec_C.chain_verify, so a CPU test checks
-// the kernel's index math, workspace layout, acceptance, race and finishing
-// logic on machines without a GPU.
+// blocks' results): DeviceBlock runs it in the kernel (8 warps of 32 lanes);
+// csrc/chain_verify.cu runs it on the host as the CPU implementation of
+// torch.ops.specdec_C.chain_verify, with a block of 2 warps of 4 lanes
+// emulated by std::threads and barriers, blocks in id order, small slices.
+// So a CPU test checks the kernel's index math, strided loops, warp and lane
+// splits of work, workspace layout, acceptance, race and finishing logic on
+// machines without a GPU (not the shuffles, the hardware barriers or the
+// memory ordering, which DeviceBlock implements).
 //
 // This header includes no torch header; it compiles under nvcc and, without
 // the device parts, under a plain C++ compiler (csrc/bindings.cpp).
@@ -84,6 +105,13 @@
 
 #include "specdec/common.cuh"
 #include "specdec/rng.cuh"
+
+// `#pragma unroll` for nvcc only (a plain C++ compiler warns about it).
+#if defined(__CUDACC__)
+#define SPECDEC_UNROLL _Pragma("unroll")
+#else
+#define SPECDEC_UNROLL
+#endif
 
 namespace specdec {
 
@@ -116,7 +144,7 @@ struct ChainVerifyArgs {
   int32_t* arrivals = nullptr;
   int64_t batch_size = 0;
   int32_t max_drafts = 0;  // K
-  int32_t vocab_size = 0;  // V >= 1
+  int32_t vocab_size = 0;  // 1 <= V <= 2**30
 };
 
 // Workspace words per (request, split) slot: the race results, then five
@@ -157,12 +185,15 @@ struct ChainVerifyParams {
 // Launchers (csrc/chain_verify.cu). Neither synchronises.
 // One launch on `stream`; returns the launch status (cudaGetLastError).
 cudaError_t launch_chain_verify(const ChainVerifyArgs& args, cudaStream_t stream);
-// The same block program on the host, block after block (host pointers).
-void chain_verify_host(const ChainVerifyArgs& args);
+// The same block program on the host (host pointers): an emulated block of
+// std::threads runs the blocks one after another. Returns nullptr, or what
+// went wrong.
+const char* chain_verify_host(const ChainVerifyArgs& args);
 
 namespace chain_verify_detail {
 
 constexpr int kThreads = 256;
+constexpr int kMinBlocksPerMultiprocessor = 2;
 constexpr int kWarps = kThreads / 32;
 constexpr int kElementsPerThread = 4;         // per tile: a tile is 1024 elements
 constexpr int kScratchWordsPerWarp = 8;       // largest reduced value: 32 bytes
@@ -353,31 +384,13 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t float_as_word(float value) {
 }
 
 // ---------------------------------------------------------------------------
-// Block interface, host side: one thread per block, blocks run in id order.
-struct HostBlock {
-  // SPECDEC_HOST_DEVICE only so that nvcc's device pass accepts the
-  // program's instantiation with it; it runs on the host.
-  SPECDEC_HOST_DEVICE int thread() const { return 0; }
-  SPECDEC_HOST_DEVICE int num_threads() const { return 1; }
-  SPECDEC_HOST_DEVICE int warp() const { return 0; }
-  SPECDEC_HOST_DEVICE int num_warps() const { return 1; }
-  SPECDEC_HOST_DEVICE int lane() const { return 0; }
-  SPECDEC_HOST_DEVICE int warp_size() const { return 1; }
-  template <class T, class Combine>
-  SPECDEC_HOST_DEVICE T warp_all_reduce(T value, Combine) const {
-    return value;
-  }
-  template <class T, class Combine>
-  SPECDEC_HOST_DEVICE T block_all_reduce(T value, Combine) const {
-    return value;
-  }
-  SPECDEC_HOST_DEVICE int32_t load_published(const int32_t* address) const { return *address; }
-  // Returns the count before this block's arrival.
-  SPECDEC_HOST_DEVICE int32_t arrive(int32_t* counter) const { return (*counter)++; }
-  SPECDEC_HOST_DEVICE void reset(int32_t* counter) const { *counter = 0; }
-  // In id order every wave-1 block has run: the wait is already satisfied.
-  SPECDEC_HOST_DEVICE bool wait_at_least(const int32_t* counter, int32_t count) const { return *counter >= count; }
-};
+// Block interface. A Block provides: thread(), num_threads(), warp(),
+// num_warps(), lane(), warp_size(); warp_all_reduce(value, combine) and
+// block_all_reduce(value, combine), which every thread (lane) gets the result
+// of; load_published(address) for results of other blocks; arrive(counter)
+// (returns the count before this block's arrival, to every thread);
+// reset(counter); wait_at_least(counter, count). DeviceBlock below runs the
+// kernel; csrc/chain_verify.cu emulates one on the host with std::threads.
 
 #if defined(__CUDACC__)
 // Block interface, device side. Every member is called by all threads of the
@@ -397,7 +410,7 @@ struct DeviceBlock {
     static_assert(sizeof(T) % 4 == 0, "shuffled values are whole 32-bit words");
     uint32_t words[sizeof(T) / 4];
     memcpy(words, &value, sizeof(T));
-#pragma unroll
+    SPECDEC_UNROLL
     for (int k = 0; k < static_cast<int>(sizeof(T) / 4); ++k) {
       words[k] = __shfl_xor_sync(0xFFFFFFFFu, words[k], lane_mask);
     }
@@ -408,7 +421,7 @@ struct DeviceBlock {
   // Butterfly: every lane ends with the same bits (commutative combines).
   template <class T, class Combine>
   __device__ __forceinline__ T warp_all_reduce(T value, Combine combine) const {
-#pragma unroll
+    SPECDEC_UNROLL
     for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) {
       value = combine(value, shuffle_xor(value, lane_mask));
     }
@@ -425,7 +438,7 @@ struct DeviceBlock {
     __syncthreads();
     T result;
     memcpy(&result, scratch, sizeof(T));
-#pragma unroll
+    SPECDEC_UNROLL
     for (int w = 1; w < kWarps; ++w) {
       T other;
       memcpy(&other, scratch + w * kScratchWordsPerWarp, sizeof(T));
@@ -476,7 +489,7 @@ struct DeviceBlock {
 #endif  // __CUDACC__
 
 // ---------------------------------------------------------------------------
-// The block program. `Block` is HostBlock or DeviceBlock.
+// The block program. `Block` is DeviceBlock or the host emulation.
 
 template <class Prob, class Token>
 struct Request {
@@ -527,12 +540,12 @@ SPECDEC_HOST_DEVICE void scan_argmax(const Block& block, const Request<Prob, Tok
     ArgBest best = {negative_infinity(), kNoIndex};
     for (int64_t base = vocab_lo + block.thread(); base < vocab_hi; base += kElementsPerThread * stride) {
       float x[kElementsPerThread];
-#pragma unroll
+      SPECDEC_UNROLL
       for (int j = 0; j < kElementsPerThread; ++j) {
         const int64_t index = base + j * stride;
         x[j] = index < vocab_hi ? to_float(values[index]) : 0.0f;
       }
-#pragma unroll
+      SPECDEC_UNROLL
       for (int j = 0; j < kElementsPerThread; ++j) {
         const int64_t index = base + j * stride;
         if (index < vocab_hi) best = MaxValue()(best, {x[j], static_cast<int32_t>(index)});
@@ -560,13 +573,13 @@ SPECDEC_HOST_DEVICE void scan_softmax(const Block& block, const Request<Prob, To
     for (int64_t base = vocab_lo + block.thread(); base < vocab_hi; base += kElementsPerThread * stride) {
       float x[kElementsPerThread];
       float y[kElementsPerThread];
-#pragma unroll
+      SPECDEC_UNROLL
       for (int j = 0; j < kElementsPerThread; ++j) {
         const int64_t index = base + j * stride;
         x[j] = index < vocab_hi ? to_float(target_values[index]) : 0.0f;
         y[j] = with_draft && index < vocab_hi ? to_float(draft_values[index]) : 0.0f;
       }
-#pragma unroll
+      SPECDEC_UNROLL
       for (int j = 0; j < kElementsPerThread; ++j) {
         const int64_t index = base + j * stride;
         if (index < vocab_hi) {
@@ -685,13 +698,13 @@ SPECDEC_HOST_DEVICE RaceBest race_slice(const Block& block, const Request<Prob, 
   for (int64_t base = vocab_lo + block.thread(); base < vocab_hi; base += kElementsPerThread * stride) {
     float p[kElementsPerThread];
     float q[kElementsPerThread];
-#pragma unroll
+    SPECDEC_UNROLL
     for (int j = 0; j < kElementsPerThread; ++j) {
       const int64_t index = base + j * stride;
       p[j] = index < vocab_hi ? to_float(target_values[index]) : 0.0f;
       q[j] = read_draft && index < vocab_hi ? to_float(draft_values[index]) : 0.0f;
     }
-#pragma unroll
+    SPECDEC_UNROLL
     for (int j = 0; j < kElementsPerThread; ++j) {
       const int64_t index = base + j * stride;
       if (index < vocab_hi) {
@@ -844,8 +857,13 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
 }
 
 #if defined(__CUDACC__)
+// Two resident blocks per SM, the launcher's target (register cap 128). With
+// only __launch_bounds__(256) ptxas (CUDA 13) picked 80 registers and spilled
+// in the 16-bit sm_80 variants; with the explicit minimum it uses 85-92 and
+// spills nothing.
 template <class Prob, class Token>
-__global__ void __launch_bounds__(kThreads) chain_verify_kernel(const ChainVerifyParams params) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerMultiprocessor)
+    chain_verify_kernel(const ChainVerifyParams params) {
   __shared__ uint32_t scratch[kWarps * kScratchWordsPerWarp + 1];
   const DeviceBlock block = {scratch};
   chain_verify_block<DeviceBlock, Prob, Token>(block, params, static_cast<int64_t>(blockIdx.x));

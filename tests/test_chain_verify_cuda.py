@@ -1,0 +1,448 @@
+"""The CUDA chain_verify (csrc/include/specdec/chain_verify.cuh) against the reference.
+
+Two ways in:
+
+* ``sk.chain_verify(..., backend="cuda")`` runs the kernel (GPU only);
+* ``torch.ops.specdec_C.chain_verify`` on CPU tensors runs the kernel's block
+  program on the host, one thread per block, block after block in id order,
+  with small slices so that several splits are combined. It shares the
+  kernel's index math, workspace layout, acceptance tests, race and
+  finishing logic (not the warp shuffles, the barriers or the memory
+  ordering), so these cases check the .cuh on machines without a GPU.
+
+With probabilities both must equal the reference bit for bit.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
+from specdec_kernels.reference import chain_verify as reference
+
+HAS_OP = cuda_extension_available() and "chain_verify" in extension_ops()
+needs_op = pytest.mark.skipif(
+    not HAS_OP, reason=f"CUDA extension without chain_verify: {extension_error() or 'op not registered'}"
+)
+needs_gpu = pytest.mark.skipif(
+    not (HAS_OP and torch.cuda.is_available()), reason="needs a GPU and the CUDA extension with chain_verify"
+)
+
+PROB_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def make_case(batch_size, max_drafts, vocab_size, *, seed, dtype=torch.float32, device="cpu", with_draft=True,
+              logits=False, greedy_fraction=0.25, ragged=True, invalid_fraction=0.05):
+    """Random inputs, generated on ``device``, with the awkward parts mixed in.
+
+    Greedy requests (temperature 0) get their target's argmax as most draft
+    tokens so that they accept a few; some ids are out of range (rejections);
+    num_draft_tokens is ragged. Logits: target ``3 * N(0, 1)``, draft =
+    target + ``N(0, 0.5)`` so that acceptance is high.
+    """
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def uniform(*shape):
+        return torch.rand(shape, generator=generator, device=device)
+
+    shape = (batch_size, max_drafts + 1, vocab_size)
+    target_logits = torch.randn(shape, generator=generator, device=device) * 3.0
+    draft_logits = target_logits[:, :max_drafts] + torch.randn(
+        (batch_size, max_drafts, vocab_size), generator=generator, device=device) * 0.5
+    target = target_logits if logits else torch.softmax(target_logits, -1)
+    draft = draft_logits if logits else torch.softmax(draft_logits, -1)
+    # Rounded to the storage dtype before any backend sees them.
+    target, draft = target.to(dtype), draft.to(dtype)
+    if max_drafts > 0:
+        draft_probs = torch.softmax(draft_logits, -1).reshape(-1, vocab_size)
+        ids = torch.multinomial(draft_probs, 1, generator=generator).view(batch_size, -1)
+    else:
+        ids = torch.zeros((batch_size, 0), dtype=torch.int64, device=device)
+    greedy = uniform(batch_size) < greedy_fraction
+    temperature = torch.where(greedy, 0.0, 0.5 + uniform(batch_size) if logits else torch.ones(batch_size,
+                                                                                               device=device))
+    argmax = target[:, :max_drafts].float().argmax(-1)
+    ids = torch.where(greedy.view(-1, 1) & (uniform(*ids.shape) < 0.8), argmax, ids)
+    bad_ids = torch.where(uniform(*ids.shape) < 0.5, -1, vocab_size + 3)
+    ids = torch.where(uniform(*ids.shape) < invalid_fraction, bad_ids, ids)
+    num_drafts = None
+    if ragged:
+        num_drafts = torch.randint(0, max_drafts + 1, (batch_size,), generator=generator, dtype=torch.int32,
+                                   device=device)
+    return dict(draft_token_ids=ids, target=target, draft=draft if with_draft else None,
+                num_draft_tokens=num_drafts, temperature=temperature.to(torch.float32), logits=logits)
+
+
+def random_state(kind, batch_size, device, step=0):
+    """(seed, offset) in one of the API's forms."""
+    seeds = torch.tensor([(7919 * b + 13) * (-1) ** b for b in range(batch_size)], dtype=torch.int64, device=device)
+    forms = {
+        "int": (1234, 5 + step),
+        "int-large": (2**63 + 99, 2**32 + 7 + step),
+        "per-request-seed": (seeds, 17 + step),
+        "offset-scalar-tensor": (-42, torch.tensor(3 + step, dtype=torch.int64, device=device)),
+        "offset-per-request": (seeds, torch.arange(batch_size, dtype=torch.int64, device=device) * 2**31 + step),
+    }
+    return forms[kind]
+
+
+RANDOM_STATES = ["int", "int-large", "per-request-seed", "offset-scalar-tensor", "offset-per-request"]
+
+
+def run_reference(case, seed, offset):
+    return reference.chain_verify(case["draft_token_ids"], case["target"], case["draft"], case["num_draft_tokens"],
+                                  case["temperature"], case["logits"], seed, offset)
+
+
+def run_host(case, seed, offset, workspace_words=None):
+    """The kernel's block program on the host (CPU tensors), as ops/chain_verify.py calls the op."""
+    target = case["target"]
+    batch_size, rows, _ = target.shape
+    seed_tensor, seed_value = (seed, 0) if isinstance(seed, torch.Tensor) else (None, _wrap(seed))
+    offset_tensor, offset_value = (offset, 0) if isinstance(offset, torch.Tensor) else (None, _wrap(offset))
+    if workspace_words is None:
+        workspace_words = (batch_size + 8) * (5 + 5 * rows)
+    # Garbage in the workspace: the program must not rely on its contents.
+    workspace = torch.full((workspace_words,), -123456, dtype=torch.int32)
+    arrivals = torch.zeros(batch_size, dtype=torch.int32)
+    output = torch.full((batch_size, rows), 77, dtype=torch.int32)
+    num_accepted = torch.full((batch_size,), 77, dtype=torch.int32)
+    torch.ops.specdec_C.chain_verify(
+        case["draft_token_ids"], target, case["draft"], case["num_draft_tokens"], case["temperature"],
+        case["logits"], seed_tensor, seed_value, offset_tensor, offset_value, workspace, arrivals, output,
+        num_accepted,
+    )
+    assert torch.equal(arrivals, torch.zeros_like(arrivals)), "arrival counters must be left at zero"
+    return output, num_accepted
+
+
+def run_cuda(case, seed, offset):
+    return sk.chain_verify(case["draft_token_ids"], case["target"], case["draft"],
+                           num_draft_tokens=case["num_draft_tokens"], temperature=case["temperature"],
+                           logits=case["logits"], seed=seed, offset=offset, backend="cuda")
+
+
+def _wrap(value: int) -> int:
+    value &= 0xFFFFFFFFFFFFFFFF
+    return value - 2**64 if value >= 2**63 else value
+
+
+def assert_same(actual, expected, what):
+    output, num_accepted = (t.cpu() for t in actual)
+    expected_output, expected_accepted = (t.cpu() for t in expected)
+    if torch.equal(output, expected_output) and torch.equal(num_accepted, expected_accepted):
+        return
+    rows = ((output != expected_output).any(-1) | (num_accepted != expected_accepted)).nonzero().flatten()
+    b = int(rows[0])
+    raise AssertionError(
+        f"{what}: {rows.numel()} of {output.shape[0]} requests differ; request {b}: "
+        f"output {output[b].tolist()} != {expected_output[b].tolist()}, "
+        f"num_accepted {int(num_accepted[b])} != {int(expected_accepted[b])}"
+    )
+
+
+def agreement(actual, expected) -> float:
+    output, num_accepted = (t.cpu() for t in actual)
+    expected_output, expected_accepted = (t.cpu() for t in expected)
+    same = (output == expected_output).all(-1) & (num_accepted == expected_accepted)
+    return float(same.float().mean())
+
+
+# ---------------------------------------------------------------------------
+# Registration (runs wherever the extension is built).
+
+@pytest.mark.skipif(not cuda_extension_available(), reason=f"CUDA extension not built: {extension_error()}")
+def test_op_is_registered():
+    assert "chain_verify" in extension_ops()
+    for key in ("CPU", "CUDA", "Meta"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("specdec_C::chain_verify", key), key
+
+
+@pytest.mark.skipif(not cuda_extension_available(), reason=f"CUDA extension not built: {extension_error()}")
+def test_cuda_backend_is_registered_for_the_public_op():
+    """With the extension built, backend="cuda" resolves for CUDA tensors (metadata only, no GPU needed)."""
+    from specdec_kernels import _backend, _extension
+
+    if not _extension.cuda_extension_available():
+        pytest.skip(_extension.extension_error())
+    assert _backend.resolve("chain_verify", "cuda", torch.device("cuda")) == "cuda"
+    assert _backend.resolve("chain_verify", "auto", torch.device("cuda")) == "cuda"
+
+
+# ---------------------------------------------------------------------------
+# The block program on the host (CPU).
+
+HOST_SIZES = [(1, 1, 7), (3, 3, 111), (5, 7, 1000), (3, 0, 7), (1, 4, 1), (64, 3, 111)]
+# Large vocabularies: the reference's Philox costs ~1.5 s a call on a CI
+# core, so fewer variants (the storage dtypes are covered above).
+HOST_LARGE_SIZES = [(3, 2, 32000), (1, 3, 128256)]
+HOST_LARGE_VARIANTS = [(True, "per-request-seed"), (False, "offset-per-request"), (True, "int-large")]
+
+
+def _check_host_variants(batch_size, max_drafts, vocab_size, dtype, variants):
+    for index, (with_draft, state) in enumerate(variants):
+        case = make_case(batch_size, max_drafts, vocab_size, seed=1000 * vocab_size + index, dtype=dtype,
+                         with_draft=with_draft)
+        seed, offset = random_state(state, batch_size, "cpu", step=index)
+        assert_same(run_host(case, seed, offset), run_reference(case, seed, offset),
+                    f"draft={with_draft} state={state}")
+
+
+@needs_op
+@pytest.mark.parametrize("batch_size, max_drafts, vocab_size", HOST_SIZES)
+@pytest.mark.parametrize("dtype", PROB_DTYPES, ids=str)
+def test_host_program_matches_reference_bitwise(batch_size, max_drafts, vocab_size, dtype):
+    _check_host_variants(batch_size, max_drafts, vocab_size, dtype,
+                         list(itertools.product([True, False], RANDOM_STATES)))
+
+
+@needs_op
+@pytest.mark.parametrize("batch_size, max_drafts, vocab_size", HOST_LARGE_SIZES)
+def test_host_program_matches_reference_bitwise_large_vocabulary(batch_size, max_drafts, vocab_size):
+    _check_host_variants(batch_size, max_drafts, vocab_size, torch.float32, HOST_LARGE_VARIANTS)
+
+
+@needs_op
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_host_program_int32_ids_and_strided_inputs(with_draft):
+    case = make_case(5, 4, 300, seed=3, with_draft=with_draft)
+    case["draft_token_ids"] = case["draft_token_ids"].to(torch.int32).t().contiguous().t()  # stride (1, B)
+    case["target"] = case["target"].transpose(0, 1).contiguous().transpose(0, 1)  # stride_b < stride_k
+    seed, offset = random_state("per-request-seed", 5, "cpu")
+    assert_same(run_host(case, seed, offset), run_reference(case, seed, offset), "strided")
+
+
+@needs_op
+def test_host_program_without_num_drafts_or_temperature():
+    case = make_case(4, 3, 500, seed=11, ragged=False)
+    case["temperature"] = None
+    assert_same(run_host(case, 5, 6), run_reference(case, 5, 6), "defaults")
+
+
+@needs_op
+@pytest.mark.parametrize("slots_per_request", [1, 2, 3])
+def test_host_program_small_workspace_means_fewer_splits(slots_per_request):
+    """The workspace caps the number of slices, never the result."""
+    batch_size, max_drafts = 3, 3
+    case = make_case(batch_size, max_drafts, 2000, seed=21)
+    words = batch_size * slots_per_request * (5 + 5 * (max_drafts + 1))
+    assert_same(run_host(case, 9, 1, workspace_words=words), run_reference(case, 9, 1), f"{slots_per_request} slots")
+
+
+@needs_op
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_host_program_logits_agree(with_draft):
+    rates = []
+    for index, vocab_size in enumerate([7, 111, 1000, 32000]):
+        batch_size = 64 if vocab_size <= 1000 else 8
+        case = make_case(batch_size, 4, vocab_size, seed=77 + index, logits=True, with_draft=with_draft)
+        rates.append(agreement(run_host(case, 3, index), run_reference(case, 3, index)))
+    print(f"host logits agreement with the reference (draft={with_draft}): {rates}")
+    # Online softmax (per-slice max and rescaled sums, then log Z) rounds
+    # differently from torch.softmax, so a test within a few ulp of its
+    # threshold may go the other way; anything beyond that is a bug.
+    assert min(rates) >= 0.99
+
+
+@needs_op
+def test_host_program_edge_values():
+    """Zero rows, invalid ids, all-equal (tied) values, NaN-free extremes."""
+    batch_size, vocab_size = 6, 50
+    target = torch.zeros(batch_size, 3, vocab_size)
+    target[:, :, 10] = 1.0  # one-hot target: only token 10 may be emitted
+    target[1] = 1.0 / vocab_size  # uniform: ties everywhere
+    target[2, :, :] = 0.0
+    target[2, :, 49] = 1.0  # the last index
+    draft = torch.full((batch_size, 2, vocab_size), 1.0 / vocab_size)
+    ids = torch.tensor([[10, 10], [3, 4], [49, 0], [-5, 10], [10, 60], [0, 0]])
+    temperature = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    for with_draft in (True, False):
+        case = dict(draft_token_ids=ids, target=target, draft=draft if with_draft else None,
+                    num_draft_tokens=torch.tensor([2, 2, 2, 2, 2, 1], dtype=torch.int32),
+                    temperature=temperature, logits=False)
+        for offset in range(4):
+            assert_same(run_host(case, 8, offset), run_reference(case, 8, offset), f"draft={with_draft}")
+
+
+def degenerate_cases(device, vocab_size):
+    """Residual without mass (p <= q everywhere: the fallback race over p),
+    all-zero target rows (every key infinite: index 0, like torch.argmin),
+    and tied values."""
+    generator = torch.Generator(device=device).manual_seed(vocab_size)
+    batch_size, max_drafts = 12, 3
+    draft = torch.softmax(torch.randn(batch_size, max_drafts, vocab_size, generator=generator, device=device), -1)
+    target = torch.cat([draft, draft[:, :1]], dim=1) * 0.5  # p = q / 2: rejections leave no residual mass
+    target[3] = 0.0  # nothing to emit anywhere
+    target[4, :, : vocab_size // 2] = 1.0 / vocab_size  # ties
+    ids = torch.multinomial(draft.reshape(-1, vocab_size), 1, generator=generator).view(batch_size, max_drafts)
+    temperature = torch.ones(batch_size, device=device)
+    temperature[4:6] = 0.0
+    for with_draft in (True, False):
+        yield dict(draft_token_ids=ids, target=target, draft=draft if with_draft else None,
+                   num_draft_tokens=None, temperature=temperature, logits=False)
+
+
+@needs_op
+@pytest.mark.parametrize("vocab_size", [5, 300])
+def test_host_program_degenerate_rows(vocab_size):
+    for case in degenerate_cases("cpu", vocab_size):
+        for offset in range(3):
+            assert_same(run_host(case, 4, offset), run_reference(case, 4, offset), f"offset {offset}")
+
+
+@needs_op
+def test_host_program_clamps_num_draft_tokens():
+    case = make_case(4, 3, 100, seed=5)
+    case["num_draft_tokens"] = torch.tensor([-2, 0, 3, 9], dtype=torch.int32)
+    output, num_accepted = run_host(case, 1, 2)
+    clamped = dict(case, num_draft_tokens=torch.tensor([0, 0, 3, 3], dtype=torch.int32))
+    assert_same((output, num_accepted), run_reference(clamped, 1, 2), "clamped")
+
+
+@needs_op
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        (dict(target=torch.zeros(2, 3, 5, dtype=torch.float64)), TypeError, "`target` must be Float, BFloat16 or Half"),
+        (dict(draft_token_ids=torch.zeros(2, 3, dtype=torch.int64)), ValueError, r"`draft_token_ids` must have shape"),
+        (dict(workspace=torch.zeros(5, dtype=torch.int32)), ValueError, r"`workspace` must be a contiguous \[N\]"),
+        (dict(arrivals=torch.zeros(1, dtype=torch.int32)), ValueError, r"`arrivals` must be a contiguous \[N\]"),
+        (dict(output_token_ids=torch.zeros(2, 2, dtype=torch.int32)), ValueError, "`output_token_ids` must have shape"),
+        (dict(temperature=torch.zeros(2, dtype=torch.float64)), TypeError, "`temperature` must be Float"),
+        (dict(offset=torch.zeros(3, dtype=torch.int64)), ValueError, r"`offset` must have shape \[\] or \[B\]"),
+    ],
+)
+def test_rejects_bad_arguments(change, error, message):
+    arguments = dict(
+        draft_token_ids=torch.zeros(2, 2, dtype=torch.int64), target=torch.full((2, 3, 5), 0.2), draft=None,
+        num_draft_tokens=None, temperature=None, logits=False, seed=None, seed_value=0, offset=None, offset_value=0,
+        workspace=torch.zeros(100, dtype=torch.int32), arrivals=torch.zeros(2, dtype=torch.int32),
+        output_token_ids=torch.zeros(2, 3, dtype=torch.int32), num_accepted=torch.zeros(2, dtype=torch.int32),
+    )
+    arguments.update(change)
+    with pytest.raises(error, match=message):
+        torch.ops.specdec_C.chain_verify(*arguments.values())
+
+
+@needs_op
+def test_opcheck():
+    """Schema (mutated arguments), Meta kernel and dispatcher registration agree."""
+    case = make_case(3, 2, 40, seed=2)
+    rows = 3
+    arguments = (case["draft_token_ids"], case["target"], case["draft"], case["num_draft_tokens"],
+                 case["temperature"], False, None, 4, torch.tensor(2), 0,
+                 torch.zeros(64 * (5 + 5 * rows), dtype=torch.int32), torch.zeros(3, dtype=torch.int32),
+                 torch.zeros(3, rows, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
+    torch.library.opcheck(torch.ops.specdec_C.chain_verify.default, arguments)
+
+
+# ---------------------------------------------------------------------------
+# The kernel (GPU).
+
+GPU_VOCABS = [1, 7, 111, 32000, 128256]
+
+
+@needs_gpu
+@pytest.mark.parametrize("vocab_size", GPU_VOCABS)
+@pytest.mark.parametrize("dtype", PROB_DTYPES, ids=str)
+def test_kernel_matches_reference_bitwise(vocab_size, dtype):
+    for index, (batch_size, max_drafts) in enumerate(itertools.product([1, 3, 64], [0, 1, 3, 7])):
+        with_draft = index % 2 == 0
+        state = RANDOM_STATES[index % len(RANDOM_STATES)]
+        case = make_case(batch_size, max_drafts, vocab_size, seed=vocab_size + index, dtype=dtype, device="cuda",
+                         with_draft=with_draft)
+        seed, offset = random_state(state, batch_size, "cuda", step=index)
+        assert_same(run_cuda(case, seed, offset), run_reference(case, seed, offset),
+                    f"B={batch_size} K={max_drafts} V={vocab_size} {dtype} draft={with_draft} state={state}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_kernel_int32_ids_strided_inputs_and_defaults(with_draft):
+    case = make_case(7, 4, 5000, seed=3, device="cuda", with_draft=with_draft)
+    case["draft_token_ids"] = case["draft_token_ids"].to(torch.int32).t().contiguous().t()
+    case["target"] = case["target"].transpose(0, 1).contiguous().transpose(0, 1)
+    seed, offset = random_state("offset-per-request", 7, "cuda")
+    assert_same(run_cuda(case, seed, offset), run_reference(case, seed, offset), "strided")
+    case = make_case(5, 3, 3000, seed=4, device="cuda", with_draft=with_draft, ragged=False)
+    case["temperature"] = None
+    assert_same(run_cuda(case, 11, 0), run_reference(case, 11, 0), "defaults")
+
+
+@needs_gpu
+@pytest.mark.parametrize("vocab_size", [5, 300, 128256])
+def test_kernel_degenerate_rows(vocab_size):
+    for case in degenerate_cases("cuda", vocab_size):
+        for offset in range(3):
+            assert_same(run_cuda(case, 4, offset), run_reference(case, 4, offset), f"offset {offset}")
+
+
+@needs_gpu
+def test_kernel_large_batch_and_repeated_calls_leave_counters_at_zero():
+    from specdec_kernels import _workspace
+
+    case = make_case(300, 5, 32000, seed=8, device="cuda")
+    for offset in range(3):
+        assert_same(run_cuda(case, 2, offset), run_reference(case, 2, offset), f"offset {offset}")
+    torch.cuda.synchronize()
+    counters = [buffer for key, buffer in _workspace._buffers.items() if key[0] == "chain_verify_cuda.arrivals"]
+    assert counters and all(int(buffer.abs().sum()) == 0 for buffer in counters)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_kernel_logits_agree(dtype, with_draft):
+    rates = []
+    for index, (batch_size, vocab_size) in enumerate([(64, 111), (64, 32000), (16, 128256), (1, 128256)]):
+        for step in range(4):
+            case = make_case(batch_size, 4, vocab_size, seed=500 + 10 * index + step, dtype=dtype, device="cuda",
+                             logits=True, with_draft=with_draft)
+            rates.append(agreement(run_cuda(case, 3, step), run_reference(case, 3, step)))
+    mean = sum(rates) / len(rates)
+    print(f"CUDA logits agreement with the reference ({dtype}, draft={with_draft}): mean {mean:.4f}, "
+          f"min {min(rates):.4f}")
+    # The kernel's softmax is online: per-slice max and rescaled sums of
+    # exp(x / T - max), merged across slices, then p = exp(x / T - log Z);
+    # torch.softmax computes exp(x - max) / sum with its own summation order.
+    # The two differ by a few ulp, so an acceptance test u * q < p or a race
+    # whose two best keys lie within that much can go the other way. Such
+    # near-ties are rare; a real bug (wrong normaliser, wrong row) would
+    # disagree on most requests.
+    assert mean >= 0.99
+
+
+@needs_gpu
+def test_cuda_graph_replay_reads_new_offsets():
+    batch_size = 8
+    case = make_case(batch_size, 4, 32000, seed=31, device="cuda")
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+    seeds = torch.arange(batch_size, dtype=torch.int64, device="cuda") * 1000 + 1
+
+    def call():
+        return sk.chain_verify(case["draft_token_ids"], case["target"], case["draft"],
+                               num_draft_tokens=case["num_draft_tokens"], temperature=case["temperature"],
+                               seed=seeds, offset=offset, backend="cuda")
+
+    # Warm up on the capture stream: the workspace is per stream, and must be
+    # allocated (and zeroed) before capture, not inside it.
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        output, num_accepted = call()
+    outputs = set()
+    for step in range(1, 6):
+        offset.add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert int(offset) == step
+        expected = run_reference(case, seeds, step)
+        assert_same((output, num_accepted), expected, f"replay at offset {step}")
+        outputs.add(tuple(output.flatten().tolist()))
+    assert len(outputs) > 1, "replays at different offsets should draw different tokens"
