@@ -296,6 +296,11 @@ def test_triton_is_one_launch_per_call(monkeypatch, device):
     sk.chain_verify(draft_ids, torch.log(target), torch.log(draft), temperature=temperature, logits=True,
                     backend="triton")
     assert len(launches) == 2
+    # No memset precedes a launch: each call must leave its arrival counters at zero.
+    from specdec_kernels import _workspace
+
+    counters = _workspace.buffer("chain_verify.arrivals", 1, torch.int32, device)
+    assert int(counters.abs().sum()) == 0
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
