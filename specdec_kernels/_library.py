@@ -16,29 +16,35 @@ from typing import Callable
 
 import torch
 
+from . import _backend
+
 NAMESPACE = "specdec"
 
+# Defaults make direct calls work with the public functions' leading
+# arguments, e.g. ``torch.ops.specdec.chain_verify(ids, target, draft, seed=3)``.
 SCHEMAS = {
     "chain_verify": (
-        "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft, Tensor? num_draft_tokens, "
-        "Tensor? temperature, bool logits, Tensor? seed_tensor, int seed, Tensor? offset_tensor, int offset, "
-        "str backend) -> (Tensor, Tensor)"
+        "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft=None, Tensor? num_draft_tokens=None, "
+        "Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, int seed=0, "
+        "Tensor? offset_tensor=None, int offset=0, str backend=\"auto\") -> (Tensor, Tensor)"
     ),
     "tree_verify": (
-        "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft, Tensor? num_nodes, "
-        "Tensor? temperature, bool logits, str draft_sampling, Tensor? seed_tensor, int seed, "
-        "Tensor? offset_tensor, int offset, str backend) -> (Tensor, Tensor, Tensor)"
+        "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft=None, "
+        "Tensor? num_nodes=None, Tensor? temperature=None, bool logits=False, "
+        "str draft_sampling=\"without_replacement\", Tensor? seed_tensor=None, int seed=0, "
+        "Tensor? offset_tensor=None, int offset=0, str backend=\"auto\") -> (Tensor, Tensor, Tensor)"
     ),
     "build_tree": (
-        "build_tree(Tensor parents, Tensor? num_nodes, Tensor? prefix_lens, str backend) -> (Tensor, Tensor, Tensor)"
+        "build_tree(Tensor parents, Tensor? num_nodes=None, Tensor? prefix_lens=None, str backend=\"auto\") "
+        "-> (Tensor, Tensor, Tensor)"
     ),
     "tree_attention": (
         "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor prefix_lens, "
-        "Tensor tree_mask, Tensor? num_nodes, float scale, str backend) -> Tensor"
+        "Tensor tree_mask, Tensor? num_nodes=None, float? scale=None, str backend=\"auto\") -> Tensor"
     ),
     "compact_kv": (
         "compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor block_tables, Tensor prefix_lens, "
-        "Tensor accepted_nodes, str backend) -> ()"
+        "Tensor accepted_nodes, str backend=\"auto\") -> ()"
     ),
 }
 
@@ -50,12 +56,18 @@ for _schema in SCHEMAS.values():
 def register(op_name: str, implementations: dict[str, Callable], fake: Callable) -> None:
     """Register ``op_name``'s backends (keyed by backend name) and its fake.
 
-    Every implementation takes the schema's arguments except the trailing
-    ``backend``.
+    Every implementation takes all the schema's arguments except the
+    trailing ``backend``. The public functions pass a resolved backend; a
+    direct ``torch.ops.specdec`` call may omit trailing arguments (the
+    dispatcher passes only those given) or say ``"auto"``.
     """
+    defaults = [argument.default_value for argument in getattr(torch.ops.specdec, op_name).default._schema.arguments]
 
     def dispatch(*args):
-        *arguments, backend = args
+        *arguments, backend = (*args, *defaults[len(args):])
+        if backend not in implementations:
+            device = next(value.device for value in arguments if isinstance(value, torch.Tensor))
+            backend = _backend.resolve(op_name, backend, device)
         return implementations[backend](*arguments)
 
     _library.impl(op_name, dispatch, "CPU")

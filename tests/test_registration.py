@@ -118,3 +118,19 @@ def test_chain_verify_in_a_cuda_graph_draws_fresh_numbers_per_offset(backend, de
         assert torch.equal(tokens, expected[0]) and torch.equal(accepted, expected[1])
         outputs.append(tokens.clone())
     assert any(not torch.equal(outputs[0], later) for later in outputs[1:])
+
+
+def test_direct_torch_ops_calls_take_the_public_leading_arguments(device):
+    """Schemas carry defaults, and "auto" is resolved inside the op."""
+    draft_ids, target, draft = chain_inputs(device)
+    direct = torch.ops.specdec.chain_verify(draft_ids, target, draft, seed=7, offset=2)
+    public = sk.chain_verify(draft_ids, target, draft, seed=7, offset=2)
+    assert torch.equal(direct[0], public[0]) and torch.equal(direct[1], public[1])
+    tokens, parents, tree_target = tree_inputs(device)
+    assert all(torch.equal(a, b) for a, b in zip(torch.ops.specdec.tree_verify(tokens, parents, tree_target, seed=1),
+                                                 sk.tree_verify(tokens, parents, tree_target, seed=1)))
+    assert all(torch.equal(a, b) for a, b in zip(torch.ops.specdec.build_tree(parents), sk.build_tree(parents)))
+    q, k_cache, v_cache, tables, lens = cache_inputs(device)
+    mask = sk.build_tree(parents).mask
+    assert torch.equal(torch.ops.specdec.tree_attention(q, k_cache, v_cache, tables, lens, mask),
+                       sk.tree_attention(q, k_cache, v_cache, tables, lens, mask))

@@ -77,8 +77,13 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
     )
 
 
+def _reference(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return reference.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale)
+
+
 def _fake(q, *args):
     return torch.empty_like(q)
 
 
-_library.register(OP_NAME, {"reference": reference.tree_attention}, _fake)
+_library.register(OP_NAME, {"reference": _reference}, _fake)
