@@ -25,7 +25,10 @@ no program can know alone: their programs record per-slice maxima of all
 Logits (two waves). The acceptance test needs softmax normalisers of every
 row up to the first rejection, which need the whole vocabulary. Wave 1
 programs write per-slice ``(max, sum exp)`` of each target and draft row and
-the per-slice argmax. Wave 2 programs wait (spin on an acquire load) until
+the per-slice argmax. Since ``j`` is unknown until every normaliser is in,
+wave 1 reads all ``K + 1`` rows, more than the rows ``0..j`` the decision
+needs; a chain of per-position waves would read less at the cost of a grid
+wait per position. Wave 2 programs wait (spin on an acquire load) until
 their row block's wave 1 is complete, combine the normalisers, decide ``j``
 and race over their slice of row ``j``; the last wave 2 program writes the
 outputs. Wave 2 programs have higher linear ids than every wave 1 program,
@@ -40,8 +43,6 @@ import triton
 import triton.language as tl
 
 from .rng import ACCEPT_STREAM, SAMPLE_STREAM, exponential_from_words, random_words, request_key, uniform_from_word
-
-FLOAT_MAX = 3.4028234663852886e38
 
 
 @triton.jit
