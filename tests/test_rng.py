@@ -38,18 +38,18 @@ def reference_draws(seed, offset, batch_size, stream, positions, num_indices):
             rng.exponential_from_words(*words).view(batch_size, len(positions), num_indices))
 
 
-def triton_draws(seed, offset, batch_size, stream, positions, num_indices):
+def triton_draws(seed, offset, batch_size, stream, positions, num_indices, device):
     import triton
 
     from rng_draw_kernel import draw_kernel
 
     shape = (batch_size, len(positions), num_indices)
-    words = torch.empty(*shape, 4, dtype=torch.int32)
-    uniforms = torch.empty(shape, dtype=torch.float32)
-    exponentials = torch.empty(shape, dtype=torch.float32)
-    positions_tensor = torch.tensor(positions, dtype=torch.int64)
-    seed_tensor = seed if isinstance(seed, torch.Tensor) else positions_tensor
-    offset_tensor = offset if isinstance(offset, torch.Tensor) else positions_tensor
+    words = torch.empty(*shape, 4, dtype=torch.int32, device=device)
+    uniforms = torch.empty(shape, dtype=torch.float32, device=device)
+    exponentials = torch.empty(shape, dtype=torch.float32, device=device)
+    positions_tensor = torch.tensor(positions, dtype=torch.int64, device=device)
+    seed_tensor = seed.to(device) if isinstance(seed, torch.Tensor) else positions_tensor
+    offset_tensor = offset.to(device) if isinstance(offset, torch.Tensor) else positions_tensor
     draw_kernel[(batch_size, len(positions))](
         seed_tensor, 0 if isinstance(seed, torch.Tensor) else seed,
         offset_tensor, 0 if isinstance(offset, torch.Tensor) else offset,
@@ -59,7 +59,7 @@ def triton_draws(seed, offset, batch_size, stream, positions, num_indices):
         OFFSET_PER_REQUEST=isinstance(offset, torch.Tensor) and offset.dim() == 1,
         BLOCK=triton.next_power_of_2(num_indices), enable_fp_fusion=False,
     )
-    return words.to(torch.int64) & 0xFFFFFFFF, uniforms, exponentials
+    return words.cpu().to(torch.int64) & 0xFFFFFFFF, uniforms.cpu(), exponentials.cpu()
 
 
 @pytest.mark.parametrize(
@@ -74,12 +74,11 @@ def triton_draws(seed, offset, batch_size, stream, positions, num_indices):
 )
 @pytest.mark.parametrize("stream", [rng.ACCEPT_STREAM, rng.SAMPLE_STREAM, rng.DRAFT_STREAM])
 def test_triton_twin_draws_the_same_bits(seed, offset, stream, device):
-    if device.type != "cpu":
-        pytest.skip("compares on CPU tensors under the interpreter")
+    """Under the interpreter on a CPU; compiled (without FMA contraction) on a GPU."""
     pytest.importorskip("triton")
     args = (seed, offset, 4, stream, [0, 1, 7, 2**24 - 1], 1000)
     expected_words, expected_uniforms, expected_exponentials = reference_draws(*args)
-    words, uniforms, exponentials = triton_draws(*args)
+    words, uniforms, exponentials = triton_draws(*args, device)
     assert torch.equal(words, expected_words)
     assert torch.equal(uniforms.view(torch.int32), expected_uniforms.view(torch.int32))
     assert torch.equal(exponentials.view(torch.int32), expected_exponentials.view(torch.int32))
