@@ -79,6 +79,17 @@ def test_strided_inputs(backend, device):
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_out_of_range_counts_are_clamped(backend, device):
+    backend_or_skip("chain_verify", backend)
+    draft_ids, target, draft, _ = random_case(3, 3, 50, seed=13, device=device)
+    counts = torch.tensor([-3, 9, 2], dtype=torch.int32, device=device)
+    actual = sk.chain_verify(draft_ids, target, draft, num_draft_tokens=counts, seed=4, backend=backend)
+    clamped = sk.chain_verify(draft_ids, target, draft, num_draft_tokens=counts.clamp(0, 3), seed=4,
+                              backend="reference")
+    assert torch.equal(actual[0], clamped[0]) and torch.equal(actual[1], clamped[1])
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_equal_distributions_accept_everything(backend, device):
     backend_or_skip("chain_verify", backend)
     draft_ids, target, _, _ = random_case(64, 5, 50, seed=1, device=device)

@@ -40,7 +40,8 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     if num_draft_tokens is None:
         num_drafts = torch.full((batch_size,), max_drafts, dtype=torch.int64, device=device)
     else:
-        num_drafts = num_draft_tokens.to(torch.int64)
+        # Counts outside [0, K] have a defined outcome: clamped (validate=True raises).
+        num_drafts = num_draft_tokens.to(torch.int64).clamp(0, max_drafts)
 
     token_ids = draft_token_ids.to(torch.int64)
     valid = (token_ids >= 0) & (token_ids < vocab_size)
