@@ -423,7 +423,6 @@ def _finish(
     has_mass = tl.zeros((ROWS,), tl.int32)
     greedy_max = tl.full((ROWS, BLOCK_K1), -float("inf"), tl.float32)
     greedy_arg = tl.full((ROWS, BLOCK_K1), -1, tl.int32)
-    scan_offsets = rows[:, None] * BLOCK_K1 + positions
     for split in range(0, num_splits):
         slot = (row_block * num_splits + split) * ROWS + rows
         residual_key, residual_arg = _keep_min(
