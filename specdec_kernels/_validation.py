@@ -41,11 +41,16 @@ class Checker:
             self.fail(f"`{name}` must be a torch.Tensor; got {type(value).__name__}", TypeError)
         if value.dtype not in dtypes:
             self.fail(f"`{name}` must have dtype {_dtype_text(dtypes)}; got {_dtype_text([value.dtype])}", TypeError)
-        # Messages are built only on failure: these checks run on every call.
+        # Messages are built only on failure, and a plain loop replaces
+        # any(<generator>): these checks run on every call.
         actual_shape = value.shape
-        if len(actual_shape) != len(shape) or any(
-            size is not None and actual != size for actual, size in zip(actual_shape, shape)
-        ):
+        mismatch = len(actual_shape) != len(shape)
+        if not mismatch:
+            for actual, size in zip(actual_shape, shape):
+                if size is not None and actual != size:
+                    mismatch = True
+                    break
+        if mismatch:
             expected = _shape_text(shape)
             described = f"{symbols} = {expected}" if symbols else expected
             self.fail(f"`{name}` must have shape {described}; got {_shape_text(actual_shape)}")
@@ -86,13 +91,16 @@ def split_random_state(seed, offset):
     any int is accepted, and graph capture bakes them in as constants.
     """
 
-    def wrap(value: int) -> int:
-        value &= 0xFFFFFFFFFFFFFFFF
-        return value - 2**64 if value >= 2**63 else value
-
-    seed_tensor, seed_int = (seed, 0) if isinstance(seed, torch.Tensor) else (None, wrap(seed))
-    offset_tensor, offset_int = (offset, 0) if isinstance(offset, torch.Tensor) else (None, wrap(offset))
+    seed_tensor, seed_int = (seed, 0) if isinstance(seed, torch.Tensor) else (None, _wrap_int64(seed))
+    offset_tensor, offset_int = (offset, 0) if isinstance(offset, torch.Tensor) else (None, _wrap_int64(offset))
     return seed_tensor, seed_int, offset_tensor, offset_int
+
+
+def _wrap_int64(value: int) -> int:
+    if -(2**63) <= value < 2**63:
+        return value
+    value &= 0xFFFFFFFFFFFFFFFF
+    return value - 2**64 if value >= 2**63 else value
 
 
 def random_state_from_schema(seed_tensor, seed, offset_tensor, offset):
