@@ -725,9 +725,9 @@ def add_arguments(parser: argparse.ArgumentParser, with_op: bool = True) -> None
                         help=f"smallest sizes and fewest repetitions, for tests (also {TINY_ENV}=1)")
 
 
-def main(argv=None, ops=None) -> int:
+def main(argv=None, ops=None, prog=None) -> int:
     """Command line of a single bench script (``ops`` fixed) or of all of them."""
-    parser = argparse.ArgumentParser(description="specdec_kernels benchmarks")
+    parser = argparse.ArgumentParser(prog=prog, description="specdec_kernels benchmarks")
     add_arguments(parser, with_op=ops is None)
     args = parser.parse_args(argv)
     selected = ops or args.op or OPS

@@ -32,19 +32,15 @@ def bench_dir() -> Path:
     return candidate
 
 
-def _bench(args) -> int:
+def _bench(args, options: list[str]) -> int:
+    """Hand the options to the checkout's ``bench/harness.py``, which owns them (``bench --help`` lists them)."""
     folder = bench_dir()
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
-    harness = importlib.import_module("harness")
-    ops = args.op or harness.OPS
-    providers = args.providers.split(",") if args.providers else None
-    output = args.output if args.output is not None else folder / "results"
-    harness.run(ops, device=args.device, quick=args.quick, tiny=args.tiny, providers=providers, output=output)
-    return 0
+    return importlib.import_module("harness").main(options, prog="python -m specdec_kernels bench")
 
 
-def _demo(args) -> int:
+def _demo(args, options: list[str]) -> int:
     from . import demo
 
     demo.run(demo.DemoConfig.from_args(args))
@@ -55,17 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdec_kernels", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    bench = commands.add_parser("bench", help="benchmark the ops (all backends that can run here)")
-    bench.add_argument("--op", action="append",
-                       choices=("chain_verify", "tree_verify", "build_tree", "tree_attention", "compact_kv"),
-                       help="op to benchmark (repeatable; default: every op)")
-    bench.add_argument("--quick", action="store_true", help="a short sweep")
-    bench.add_argument("--output", default=None, help="results folder (default: bench/results/ of the checkout)")
-    bench.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    bench.add_argument("--providers", default=None,
-                       help="comma-separated subset of reference,triton,cuda,flashinfer (default: all that run)")
-    bench.add_argument("--tiny", action="store_true", default=None,
-                       help="smallest sizes and fewest repetitions, for tests (also SPECDEC_BENCH_TINY=1)")
+    # The benchmark's options are defined once, in bench/harness.py.
+    bench = commands.add_parser("bench", add_help=False,
+                                help="benchmark the ops (all backends that can run here); see bench --help")
     bench.set_defaults(handler=_bench)
 
     from . import demo
@@ -77,8 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.handler(args)
+    parser = build_parser()
+    args, options = parser.parse_known_args(argv)
+    if options and args.handler is not _bench:
+        parser.error(f"unrecognized arguments: {' '.join(options)}")
+    return args.handler(args, options)
 
 
 if __name__ == "__main__":
