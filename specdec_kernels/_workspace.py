@@ -21,9 +21,17 @@ def _stream_key(device: torch.device):
     return 0
 
 
-def buffer(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero-initialised-once flat buffer of at least ``numel`` elements."""
-    key = (name, dtype, device, _stream_key(device))
+def buffers(device: torch.device, specs: dict[str, tuple[int, torch.dtype]]) -> dict[str, torch.Tensor]:
+    """Zero-initialised-once flat buffers, ``{name: (min numel, dtype)}``, for one launch.
+
+    The stream is looked up once per call: this runs on every launch.
+    """
+    stream = _stream_key(device)
+    return {name: _buffer(name, numel, dtype, device, stream) for name, (numel, dtype) in specs.items()}
+
+
+def _buffer(name: str, numel: int, dtype: torch.dtype, device: torch.device, stream) -> torch.Tensor:
+    key = (name, dtype, device, stream)
     current = _buffers.get(key)
     if current is None or current.numel() < numel:
         size = max(numel, 2 * current.numel() if current is not None else 0, 1)

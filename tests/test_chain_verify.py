@@ -310,7 +310,7 @@ def test_triton_is_one_launch_per_call(monkeypatch, device):
     # No memset precedes a launch: each call must leave its arrival counters at zero.
     from specdec_kernels import _workspace
 
-    counters = _workspace.buffer("chain_verify.arrivals", 1, torch.int32, device)
+    counters = _workspace.buffers(device, {"chain_verify.arrivals": (1, torch.int32)})["chain_verify.arrivals"]
     assert int(counters.abs().sum()) == 0
 
 

@@ -96,8 +96,20 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
     slots = row_blocks * num_splits * rows
     waves = 2 if logits else 1
 
-    def scratch(name, dtype, per_slot=1):
-        return _workspace.buffer(f"chain_verify.{name}", slots * per_slot, dtype, device)
+    # In the kernel's parameter order (race_key_ptr .. arrivals_ptr).
+    scratch = _workspace.buffers(device, {
+        "chain_verify.race_key": (slots, torch.float32),
+        "chain_verify.race_arg": (slots, torch.int32),
+        "chain_verify.fallback_key": (slots, torch.float32),
+        "chain_verify.fallback_arg": (slots, torch.int32),
+        "chain_verify.has_mass": (slots, torch.int32),
+        "chain_verify.scan_max": (slots * block_k1, torch.float32),
+        "chain_verify.scan_arg": (slots * block_k1, torch.int32),
+        "chain_verify.scan_sum": (slots * block_k1, torch.float32),
+        "chain_verify.scan_dmax": (slots * block_k1, torch.float32),
+        "chain_verify.scan_dsum": (slots * block_k1, torch.float32),
+        "chain_verify.arrivals": (row_blocks, torch.int32),
+    })
 
     placeholder = target
     _chain_verify_kernel[(waves * row_blocks * num_splits,)](
@@ -107,13 +119,7 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
         placeholder if seed_tensor is None else seed_tensor, seed,
         placeholder if offset_tensor is None else offset_tensor, offset,
         output, num_accepted,
-        scratch("race_key", torch.float32), scratch("race_arg", torch.int32),
-        scratch("fallback_key", torch.float32), scratch("fallback_arg", torch.int32),
-        scratch("has_mass", torch.int32),
-        scratch("scan_max", torch.float32, block_k1), scratch("scan_arg", torch.int32, block_k1),
-        scratch("scan_sum", torch.float32, block_k1), scratch("scan_dmax", torch.float32, block_k1),
-        scratch("scan_dsum", torch.float32, block_k1),
-        _workspace.buffer("chain_verify.arrivals", row_blocks, torch.int32, device),
+        *scratch.values(),
         batch_size, max_drafts, vocab_size, num_splits, split_size,
         draft_token_ids.stride(0), target.stride(0), target.stride(1),
         0 if draft is None else draft.stride(0), 0 if draft is None else draft.stride(1), output.stride(0),
@@ -140,9 +146,11 @@ def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperat
     # words; a smaller workspace would only mean fewer, longer slices. The
     # arrival counters are left at zero by every call (no memset launch).
     slots = batch_size + 2 * _multiprocessor_count(device)
-    workspace = _workspace.buffer("chain_verify_cuda.workspace", slots * (5 + 5 * rows_per_request), torch.int32,
-                                  device)
-    arrivals = _workspace.buffer("chain_verify_cuda.arrivals", batch_size, torch.int32, device)
+    scratch = _workspace.buffers(device, {
+        "chain_verify_cuda.workspace": (slots * (5 + 5 * rows_per_request), torch.int32),
+        "chain_verify_cuda.arrivals": (batch_size, torch.int32),
+    })
+    workspace, arrivals = scratch.values()
     torch.ops.specdec_C.chain_verify(
         draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
         seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
