@@ -29,7 +29,7 @@ One Philox call takes a 64-bit key and a 128-bit counter and returns four
 * ``stream`` (< 256) separates the uses, so no two ever share a counter:
   ``ACCEPT_STREAM`` (0) acceptance tests, ``SAMPLE_STREAM`` (1) the
   residual/bonus sample, ``DRAFT_STREAM`` (2) draft-side sampling.
-* ``index`` is the vocabulary index for per-token noise, 0 otherwise.
+* ``index`` is the vocabulary chunk for the sampler's draws, 0 otherwise.
 
 Philox4x32-10 round, with ``M0 = 0xD2511F53``, ``M1 = 0xCD9E8D57``::
 
@@ -43,40 +43,9 @@ From words to numbers
 multiples of ``2**-24``. Exactly representable in float32, symmetric about
 1/2, never 0 or 1.
 
-``exponential(w0, w1, w2, w3)``: a standard exponential ``E = -log(U)``,
-``U ~ Uniform(0, 1)``, built so that float32 rounding neither truncates the
-upper tail nor coarsens the lower one. A naive ``-log(uniform)`` fails at both
-ends: the smallest uniform (``2**-24``) caps ``E`` at 16.6, and the uniform
-next to 1 makes ``E`` at least ``2**-24``, so a token whose residual mass is
-below ``~1e-7`` of the total could never win an exponential race. Instead:
-
-1. ``h`` is a uniform on ``(0, 1/2)`` with full float32 resolution at every
-   scale. Its binade ``[2**-(z+2), 2**-(z+1))`` is picked with probability
-   ``2**-(z+1)`` by counting leading zeros ``z`` in the 72 bits
-   ``w0>>8 : w2>>8 : w3>>8`` (``z = 72`` when all are zero, probability
-   ``2**-72``); its 23 mantissa bits are ``w1 >> 9``. So ``h`` is assembled
-   directly as the float32 with exponent ``-(z+2)`` and that mantissa.
-2. ``U = h`` or ``U = 1 - h``, by bit 0 of ``w1``. Since ``h`` is symmetric in
-   law with ``1 - h`` around 1/2, ``U`` is uniform on ``(0, 1)``.
-3. ``E = -log(h)`` (the upper tail, reaching ``74 ln 2 = 51.3``, where the
-   exponential has mass ``2**-74``) or ``E = -log1p(-h)`` (the lower tail,
-   reaching down to ``2**-74`` with float32 relative precision).
-
-Both logarithms go through one deterministic float32 routine, ``log1p(x)``
-for ``x`` in ``(-1/2, 1)``: an exact range reduction to
-``[sqrt(1/2) - 1, sqrt(2) - 1]`` and a degree-9 polynomial evaluated by
-Horner's rule with separately rounded multiplies and adds (max error 2 ulp).
-Every backend performs the same IEEE operations in the same order (Triton
-kernels are compiled with ``enable_fp_fusion=False``; CUDA uses ``__fmul_rn``
-and ``__fadd_rn``), so the exponentials agree bit for bit; no backend's
-``log`` is used, because libm, libdevice and numpy round differently.
-
-A sample from an unnormalised residual ``r`` is the exponential race
-``argmin_v E_v / r_v`` (correctly rounded float32 division; ties to the lower
-index): ``E_v / r_v`` is exponential with rate ``r_v``, and the smallest of
-independent exponentials is ``v`` with probability ``r_v / sum(r)``. No
-normalisation and no prefix sum are needed, so the result does not depend on
-any summation order.
+The sampler (``specdec_kernels/reference/_sampling.py``) reads words 0 and 1
+and words 2 and 3 as 64-bit integers, high word first: no float transform
+is involved, so nothing about the sample depends on a ``log`` or a division.
 """
 
 from __future__ import annotations
@@ -93,25 +62,6 @@ _PHILOX_M1 = 0xCD9E8D57
 _PHILOX_W0 = 0x9E3779B9
 _PHILOX_W1 = 0xBB67AE85
 _PHILOX_ROUNDS = 10
-
-# log1p(x) ~= x * poly(x) on [sqrt(1/2) - 1, sqrt(2) - 1]; float32 values,
-# lowest order first (Chebyshev fit of log1p(x)/x, degree 9).
-LOG1P_COEFFS = (
-    1.0,
-    -0.49999988079071045,
-    0.33333325386047363,
-    -0.25001585483551025,
-    0.2000207155942917,
-    -0.16609126329421997,
-    0.14180079102516174,
-    -0.13240842521190643,
-    0.129141703248024,
-    -0.07638592272996902,
-)
-# float32 constants, so every backend uses the same rounded values.
-LN2 = 0.6931471824645996  # float32(ln 2)
-SQRT2_MINUS_1 = 0.4142135679721832  # float32(sqrt(2) - 1)
-SQRT_HALF_MINUS_1 = -0.29289323091506958  # float32(sqrt(1/2) - 1)
 
 
 def philox4x32_10(c0, c1, c2, c3, k0, k1):
@@ -189,51 +139,3 @@ def uniform_from_word(word: torch.Tensor) -> torch.Tensor:
     """float32 uniform in ``(0, 1)`` from one word: ``(2*(w>>9)+1) * 2**-24``."""
     odd = (word >> 9) * 2 + 1
     return odd.to(torch.float32) * (2.0**-24)
-
-
-def _leading_zeros_24(chunk: torch.Tensor) -> torch.Tensor:
-    # chunk < 2**24 converts to float32 exactly; its exponent is floor(log2).
-    exponent_bits = chunk.to(torch.float32).view(torch.int32).to(torch.int64) >> 23
-    return 150 - exponent_bits
-
-
-def log1p_reduced(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split ``log1p(x)``, ``x`` in ``(-1/2, 1)``, into ``k * ln2 + poly(y)``.
-
-    Returns ``(k, poly(y))`` with ``k`` in {-1, 0, 1} (int64). The reductions
-    ``y = (x - 1) / 2`` and ``y = 2x + 1`` are exact in float32 for the
-    inputs built by :func:`exponential_from_words`.
-    """
-    high = x > SQRT2_MINUS_1
-    low = x < SQRT_HALF_MINUS_1
-    y = torch.where(high, (x - 1.0) * 0.5, torch.where(low, x * 2.0 + 1.0, x))
-    k = high.to(torch.int64) - low.to(torch.int64)
-    acc = torch.full_like(y, LOG1P_COEFFS[-1])
-    for coeff in LOG1P_COEFFS[-2::-1]:
-        acc = acc * y + coeff
-    return k, y * acc
-
-
-def exponential_from_words(w0, w1, w2, w3) -> torch.Tensor:
-    """float32 standard exponential with both tails resolved (module docstring)."""
-    a0, a1, a2 = w0 >> 8, w2 >> 8, w3 >> 8
-    z = torch.where(
-        a0 > 0,
-        _leading_zeros_24(a0),
-        torch.where(a1 > 0, 24 + _leading_zeros_24(a1), torch.where(a2 > 0, 48 + _leading_zeros_24(a2), 72)),
-    )
-    mantissa = w1 >> 9
-    upper_tail = (w1 & 1) == 0
-    h = (((125 - z) << 23) | mantissa).to(torch.int32).view(torch.float32)
-    # upper tail: -log(h) = (z + 2) ln2 - log1p(f), h = 2**-(z+2) * (1 + f)
-    # lower tail: -log(1 - h) = -log1p(-h)
-    fraction = mantissa.to(torch.float32) * (2.0**-23)
-    x = torch.where(upper_tail, fraction, -h)
-    k, poly = log1p_reduced(x)
-    n = torch.where(upper_tail, z + 2, 0) - k
-    return n.to(torch.float32) * LN2 - poly
-
-
-def race_keys(noise: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
-    """Exponential-race keys ``E / mass``: the sample is their argmin."""
-    return noise / mass

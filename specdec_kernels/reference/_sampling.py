@@ -1,8 +1,32 @@
 """Sampling primitives shared by the reference verifiers.
 
 Each primitive is the definition the kernels reproduce bit for bit (with
-probability inputs): the acceptance test, the exponential race and the greedy
-argmax. See ``specdec_kernels/rng.py`` for where the random words come from.
+probability inputs): the acceptance test, the fixed-point sampler and the
+greedy argmax. ``docs/rng.md`` states the bit layout with a worked example;
+``specdec_kernels/rng.py`` is where the random words come from.
+
+The sampler (fixed-point inverse CDF over fixed chunks)
+-------------------------------------------------------
+Weights ``w_v`` (float32) become integers ``W_v = trunc(clamp(w_v, 0, 1) *
+2**SCALE_BITS)``; NaN and negative weights count as 0, weights above 1
+(never seen in a distribution) as 1. The vocabulary is cut into chunks of
+``CHUNK_SIZE`` tokens, a constant of the package (never a kernel's grid).
+Philox at ``(SAMPLE_STREAM, position, index = c)`` gives four words; words
+0 and 1 make the 64-bit draw ``r_c`` of chunk ``c`` and words 2 and 3 of
+index 0 the 64-bit draw ``R`` that chooses the chunk:
+
+* inside chunk ``c`` (total ``T_c = sum W_v``, below ``2**62``): the
+  candidate is the first ``v`` whose inclusive prefix sum exceeds
+  ``floor(r_c * T_c / 2**64)``;
+* across chunks (total ``T``, a 128-bit integer): the chosen chunk is the
+  first whose inclusive prefix of ``T_c`` exceeds ``floor(R * T / 2**64)``;
+* the token is the chosen chunk's candidate; ``T == 0`` means "no mass".
+
+Every sum is an integer sum, so the token does not depend on how a kernel
+splits the vocabulary, on its reduction order or on the batch; a token with
+``W_v == 0`` is never chosen. ``docs/rng.md`` bounds the distance of the
+sampled law from the float32 weights by ``V * 2**-52 + n_chunks * 2**-64``
+of the row's mass (below ``6e-11`` for ``V <= 2**18``).
 """
 
 from __future__ import annotations
@@ -10,21 +34,35 @@ from __future__ import annotations
 import torch
 
 from .. import rng
+from . import _unsigned
+
+CHUNK_SIZE = 1024
+SCALE_BITS = 52  # W_v <= 2**52, so a chunk total stays below 2**62 (signed int64 on every backend)
+_LOW31 = (1 << 31) - 1
 
 
 def probabilities(x: torch.Tensor, temperature: torch.Tensor | None, logits: bool) -> torch.Tensor:
     """float32 distributions ``[B, R, V]`` from probabilities or logits.
 
-    With logits, ``softmax(x / T_b)``; greedy requests (``T_b == 0``) get
-    ``softmax(x)`` so that no NaN appears (they only ever use an argmax).
+    Probabilities are used as given (the sampler treats NaN and negatives as
+    0). Logits become ``softmax(x / T_b)``, computed as ``z_v / sum(z)`` with
+    ``z_v = exp((x_v - m) / T_b)``, ``m`` the row's largest non-NaN logit, and
+    ``z_v = 0`` where ``x_v - m`` is ``-inf`` or NaN. That form never
+    overflows and gives every temperature a defined outcome: ``T = inf`` is
+    uniform over the finite logits, a tiny ``T`` is uniform over the largest
+    ones; a row of NaN or ``-inf``, or one holding ``+inf``, has no mass.
+    Greedy requests (``T_b == 0``) use ``T = 1`` here (they only use argmaxes).
     """
     x = x.to(torch.float32)
     if not logits:
         return x
-    if temperature is None:
-        return torch.softmax(x, dim=-1)
-    safe_temperature = torch.where(temperature > 0, temperature, 1.0).to(torch.float32)
-    return torch.softmax(x / safe_temperature.view(-1, *([1] * (x.dim() - 1))), dim=-1)
+    x = torch.where(torch.isnan(x), -float("inf"), x)
+    shift = x - x.amax(dim=-1, keepdim=True)
+    if temperature is not None:
+        safe_temperature = torch.where(temperature > 0, temperature, 1.0).to(torch.float32)
+        shift = shift / safe_temperature.view(-1, *([1] * (x.dim() - 1)))
+    z = torch.where(shift > -float("inf"), torch.exp(shift), 0.0)
+    return z / z.sum(dim=-1, keepdim=True)
 
 
 def greedy_requests(temperature: torch.Tensor | None, batch_size: int, device) -> torch.Tensor:
@@ -34,14 +72,20 @@ def greedy_requests(temperature: torch.Tensor | None, batch_size: int, device) -
     return temperature == 0
 
 
-def greedy_tokens(x: torch.Tensor) -> torch.Tensor:
-    """Argmax over the last dim of the raw input, ties to the lowest index.
+def greedy_tokens(x: torch.Tensor, logits: bool) -> torch.Tensor:
+    """Argmax over the last dim of the raw input, NaN ignored, ties to the lowest index.
 
     Taken on the logits or probabilities as given: the argmax of
     ``softmax(x / T)`` is that of ``x``, and reading ``x`` avoids ties created
-    by rounding in the softmax.
+    by rounding in the softmax. A row with nothing to choose (every
+    probability ``<= 0`` or NaN; every logit ``-inf`` or NaN) gives ``-1``,
+    as the sampler does for a row without mass.
     """
-    return torch.argmax(x.to(torch.float32), dim=-1)
+    x = x.to(torch.float32)
+    x = torch.where(torch.isnan(x), -float("inf"), x)
+    best, index = x.max(dim=-1)
+    has_choice = best > -float("inf") if logits else best > 0
+    return torch.where(has_choice, index, -1)
 
 
 def accept(uniform: torch.Tensor, target_prob: torch.Tensor, draft_prob: torch.Tensor) -> torch.Tensor:
@@ -49,7 +93,7 @@ def accept(uniform: torch.Tensor, target_prob: torch.Tensor, draft_prob: torch.T
 
     A multiply instead of a divide keeps every backend exact (no approximate
     division on GPUs), accepts surely when ``q == 0 < p`` and never when
-    ``p == 0``.
+    ``p == 0`` or either is NaN.
     """
     return uniform * draft_prob < target_prob
 
@@ -60,21 +104,56 @@ def acceptance_uniforms(keys: rng.RequestKeys, positions: torch.Tensor) -> torch
     return rng.uniform_from_word(words[0])
 
 
-def race_sample(keys: rng.RequestKeys, position: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
-    """Sample ``[B]`` tokens from unnormalised non-negative ``mass [B, V]``.
+def fixed_point(weights: torch.Tensor) -> torch.Tensor:
+    """int64 ``W_v = trunc(clamp(w_v, 0, 1) * 2**52)``; NaN -> 0.
 
-    Exponential race: ``argmin_v E_v / mass_v`` with ``E_v`` from the sample
-    stream at ``(position_b, v)``; ties go to the lower index. Rows without
-    mass must be replaced by the caller (here they would return index 0).
+    Scaling a float32 in ``[0, 1]`` by a power of two is exact, and the
+    conversion truncates, the same on every backend.
     """
-    vocab = torch.arange(mass.shape[-1], dtype=torch.int64, device=mass.device)
-    words = keys.words(rng.SAMPLE_STREAM, position.view(-1, 1), vocab.view(1, -1))
-    noise = rng.exponential_from_words(*words)
-    return torch.argmin(rng.race_keys(noise, mass), dim=-1)
+    w = weights.to(torch.float32)
+    w = torch.where(w > 0, w, 0.0).clamp_max(1.0)
+    return (w * float(2**SCALE_BITS)).to(torch.int64)
+
+
+def sample(keys: rng.RequestKeys, position: torch.Tensor, fixed_weights: torch.Tensor) -> torch.Tensor:
+    """Sample ``[B]`` tokens (int64) from int64 weights ``[B, V]`` at ``position [B]``; ``-1`` without mass.
+
+    See the module docstring: one candidate per chunk, then one chunk by its
+    total, all in exact integer arithmetic.
+    """
+    batch_size, vocab_size = fixed_weights.shape
+    device = fixed_weights.device
+    num_chunks = max(1, -(-vocab_size // CHUNK_SIZE))
+    padded = torch.nn.functional.pad(fixed_weights, (0, num_chunks * CHUNK_SIZE - vocab_size))
+    prefix = padded.view(batch_size, num_chunks, CHUNK_SIZE).cumsum(dim=-1)
+    chunk_total = prefix[..., -1]
+
+    chunks = torch.arange(num_chunks, dtype=torch.int64, device=device)
+    words = keys.words(rng.SAMPLE_STREAM, position.view(-1, 1), chunks.view(1, -1))
+    chunk_draw = _unsigned.from_words(words[0], words[1])
+    threshold = _unsigned.mul_high(chunk_draw, chunk_total)
+    candidate = (prefix <= threshold.unsqueeze(-1)).sum(dim=-1) + chunks * CHUNK_SIZE
+
+    # Inclusive 128-bit prefix of the chunk totals: split each total at bit 31
+    # so that both int64 cumsums are exact, then recombine.
+    high31 = (chunk_total >> 31).cumsum(dim=-1)
+    low31 = (chunk_total & _LOW31).cumsum(dim=-1)
+    prefix_hi, prefix_lo = _unsigned.add128(high31 >> 33, high31 << 31, torch.zeros_like(low31), low31)
+    total_hi, total_lo = prefix_hi[:, -1:], prefix_lo[:, -1:]
+    choice_draw = _unsigned.from_words(words[2][:, :1], words[3][:, :1])
+    target_hi, target_lo = _unsigned.scale_down128(choice_draw, total_hi, total_lo)
+    chunk = _unsigned.less_equal128(prefix_hi, prefix_lo, target_hi, target_lo).sum(dim=-1, keepdim=True)
+    token = candidate.gather(-1, chunk.clamp_max(num_chunks - 1)).squeeze(-1)
+    has_mass = ((total_hi != 0) | (total_lo != 0)).squeeze(-1)
+    return torch.where(has_mass, token, -1)
 
 
 def residual(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
-    """Unnormalised residual ``max(0, p - q)``; rows without mass fall back to ``p``."""
+    """Unnormalised residual ``max(0, p - q)``; rows without mass fall back to ``p``.
+
+    "Without mass" is judged at the sampler's resolution: every fixed-point
+    weight is 0 (every ``p - q`` below ``2**-52``, or NaN).
+    """
     mass = torch.clamp_min(target_row - draft_row, 0.0)
-    has_mass = (mass > 0).any(dim=-1, keepdim=True)
+    has_mass = (fixed_point(mass) > 0).any(dim=-1, keepdim=True)
     return torch.where(has_mass, mass, target_row)

@@ -25,8 +25,9 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     * ``j`` = the first position not accepted (``n_b`` if all were);
     * the emitted token is drawn at position ``j`` from ``max(0, p_j - q_j)``
       after a rejection of a valid id, from ``p_j`` otherwise (bonus row, an
-      invalid id, or a residual without mass), by the exponential race on
-      the sample stream at position ``j``; greedy requests emit the argmax.
+      invalid id, or a residual without mass), by the fixed-point sampler
+      on the sample stream at position ``j``; greedy requests emit the
+      argmax. A row without mass (or without a greedy choice) emits ``-1``.
     """
     batch_size, max_drafts = draft_token_ids.shape
     vocab_size = target.shape[-1]
@@ -55,7 +56,7 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     keys = rng.RequestKeys(seed, offset, batch_size, device)
     uniforms = _sampling.acceptance_uniforms(keys, positions.view(1, -1).expand(batch_size, -1))
     sampled_accept = _sampling.accept(uniforms, target_at_draft, draft_at_draft)
-    greedy_accept = token_ids == _sampling.greedy_tokens(target[:, :max_drafts])
+    greedy_accept = token_ids == _sampling.greedy_tokens(target[:, :max_drafts], logits)
     accepted = valid & torch.where(greedy.view(-1, 1), greedy_accept, sampled_accept)
     accepted &= positions.view(1, -1) < num_drafts.view(-1, 1)
     num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
@@ -74,8 +75,8 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     else:
         draft_row = draft_probs[rows, stop.clamp_max(max_drafts - 1)]
     mass = torch.where(rejected_valid.view(-1, 1), _sampling.residual(target_row, draft_row), target_row)
-    sampled = _sampling.race_sample(keys, stop, mass)
-    emitted = torch.where(greedy, _sampling.greedy_tokens(target[rows, stop]), sampled)
+    sampled = _sampling.sample(keys, stop, _sampling.fixed_point(mass))
+    emitted = torch.where(greedy, _sampling.greedy_tokens(target[rows, stop], logits), sampled)
 
     output = torch.full((batch_size, max_drafts + 1), -1, dtype=torch.int32, device=device)
     output[:, :max_drafts] = torch.where(positions.view(1, -1) < stop.view(-1, 1), token_ids, -1).to(torch.int32)

@@ -68,8 +68,9 @@ def tree_verify(
     * a child whose token is outside ``[0, V)`` is rejected and changes
       nothing (no proposal), exactly like a node that is not there;
     * when the current node has no child left, the emitted token is drawn
-      from ``p`` by the exponential race on the sample stream at position =
-      the current node; greedy requests emit the argmax of its raw target row.
+      from ``p`` by the fixed-point sampler on the sample stream at position =
+      the current node; greedy requests emit the argmax of its raw target row
+      (``-1`` for a row without mass or without a greedy choice).
 
     Malformed values never index out of bounds: a node whose parent is not in
     ``[0, i)`` is unreachable, ``num_nodes`` is clamped to ``[1, N]`` (the
@@ -87,7 +88,7 @@ def tree_verify(
     target_probs = _sampling.probabilities(target, temperature, logits)
     draft_probs = None if draft is None else _sampling.probabilities(draft, temperature, logits)
     greedy = _sampling.greedy_requests(temperature, batch_size, device)
-    greedy_targets = _sampling.greedy_tokens(target)  # [B, N], on the raw rows
+    greedy_targets = _sampling.greedy_tokens(target, logits)  # [B, N], on the raw rows
     if num_nodes is None:
         node_limit = torch.full((batch_size,), tree_size, dtype=torch.int64, device=device)
     else:
@@ -149,7 +150,7 @@ def tree_verify(
     path_tokens = token_ids.gather(-1, path[:, 1:].clamp_max(tree_size - 1))
     output = torch.full((batch_size, tree_size), -1, dtype=torch.int64, device=device)
     output[:, :-1] = torch.where(path[:, 1:] < tree_size, path_tokens, -1)
-    sampled = _sampling.race_sample(keys, current, residual_target)
+    sampled = _sampling.sample(keys, current, _sampling.fixed_point(residual_target))
     output[rows, num_accepted] = torch.where(greedy, greedy_targets[rows, current], sampled)
     return accepted_nodes.to(torch.int32), output.to(torch.int32), num_accepted.to(torch.int32)
 
