@@ -12,6 +12,7 @@ from .ops.chain_verify import chain_verify
 from .ops.compact_kv import compact_kv
 from .ops.tree_attention import tree_attention
 from .ops.tree_verify import tree_verify
+from .ops.workspace import reserve_workspace
 
 __version__ = "0.1.0"
 
@@ -21,6 +22,7 @@ __all__ = [
     "chain_verify",
     "compact_kv",
     "cuda_extension_available",
+    "reserve_workspace",
     "tree_attention",
     "tree_verify",
 ]

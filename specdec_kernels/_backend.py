@@ -58,6 +58,14 @@ def _cuda_unavailable(op_name: str, device: torch.device) -> str | None:
     return None
 
 
+_WHY_UNAVAILABLE = {"reference": lambda *_: None, "triton": _triton_unavailable, "cuda": _cuda_unavailable}
+
+
+def available(op_name: str, backend: str, device: torch.device) -> bool:
+    """Whether ``backend`` (not ``"auto"``) can run ``op_name`` on ``device``."""
+    return _WHY_UNAVAILABLE[backend](op_name, device) is None
+
+
 def resolve(op_name: str, backend: str, device: torch.device) -> str:
     """The concrete backend for ``backend`` on ``device``; ``RuntimeError`` says why not."""
     if backend not in BACKENDS:
@@ -70,9 +78,7 @@ def resolve(op_name: str, backend: str, device: torch.device) -> str:
         if _triton_unavailable(op_name, device) is None:
             return "triton"
         return "reference"
-    reason = {"reference": lambda *_: None, "triton": _triton_unavailable, "cuda": _cuda_unavailable}[backend](
-        op_name, device
-    )
+    reason = _WHY_UNAVAILABLE[backend](op_name, device)
     if reason is not None:
         raise RuntimeError(f"{op_name}: backend {backend!r} cannot run: {reason}")
     return backend

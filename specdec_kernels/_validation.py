@@ -83,6 +83,29 @@ class Checker:
                 TypeError,
             )
 
+    def sampling_values(self, temperature, logits: bool, distributions: dict) -> None:
+        """``validate=True`` checks of values (synchronises): temperatures and distributions.
+
+        Temperatures must be finite and ``>= 0``. Probabilities must be finite
+        and ``>= 0``; logits must not be NaN or ``+inf`` (``-inf`` masks a
+        token). Without ``validate`` such values have the outcomes written in
+        ``docs/rng.md``.
+        """
+        if temperature is not None and bool((~(temperature >= 0) | ~torch.isfinite(temperature)).any()):
+            self.fail("`temperature` must be finite and >= 0 (0 means greedy)")
+        for name, values in distributions.items():
+            if values is None:
+                continue
+            if logits:
+                bad = torch.isnan(values) | (values == float("inf"))
+                rule = "logits must not be NaN or +inf"
+            else:
+                bad = ~torch.isfinite(values) | (values < 0)
+                rule = "probabilities must be finite and >= 0"
+            if bool(bad.any()):
+                where = [int(i) for i in bad.nonzero()[0]]
+                self.fail(f"`{name}`: {rule}; element {where} is {float(values[tuple(where)])}")
+
 
 def split_random_state(seed, offset):
     """``(seed_tensor, seed_int, offset_tensor, offset_int)`` for the op schemas.

@@ -3,16 +3,36 @@
 A kernel whose programs meet at an arrival counter needs the counter at zero
 when it starts. Zeroing it per call would be a second launch, so the buffers
 live across calls and every kernel leaves its counters at zero when it ends.
-Buffers are allocated (zeroed) on first use and grow geometrically; they are
-keyed by device and stream, so concurrent streams never share counters. Warm
-a size up once before CUDA-graph capture so no allocation happens inside it.
+
+Lifecycle rules, each one a way a serving process could otherwise read
+garbage counters (wrong tokens or an endless spin):
+
+* A buffer is keyed by ``(name, dtype, device, stream)``: concurrent streams
+  never share counters.
+* A buffer is never freed. When a call needs more, a larger one replaces it
+  and the old one is kept alive, because a CUDA graph captured earlier may
+  still point at it.
+* Nothing is allocated while a stream is being captured (the zero-fill would
+  be recorded into the graph, and the memory would belong to the graph's
+  pool). A call under capture uses the buffers of the capture stream, or else
+  those reserved for capture by :func:`reserve` with ``for_capture=True``;
+  with neither it raises and says how to reserve.
+* Allocation happens on a helper thread: memory pools that PyTorch routes to
+  the calling thread (CUDA-graph capture, ``torch.compile(mode=
+  "reduce-overhead")`` warm-up) never own a workspace, so they cannot reclaim
+  it.
 """
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
+_CAPTURE = "capture"  # the stream key of buffers reserved for any graph capture
 _buffers: dict[tuple, torch.Tensor] = {}
+_retired: list[torch.Tensor] = []  # replaced buffers: a captured graph may still use them
+_lock = threading.Lock()
 
 
 def _stream_key(device: torch.device):
@@ -21,20 +41,83 @@ def _stream_key(device: torch.device):
     return 0
 
 
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def buffers(device: torch.device, specs: dict[str, tuple[int, torch.dtype]]) -> dict[str, torch.Tensor]:
     """Zero-initialised-once flat buffers, ``{name: (min numel, dtype)}``, for one launch.
 
     The stream is looked up once per call: this runs on every launch.
     """
     stream = _stream_key(device)
+    if _capturing(device):
+        return {name: _captured_buffer(name, numel, dtype, device, stream) for name, (numel, dtype) in specs.items()}
     return {name: _buffer(name, numel, dtype, device, stream) for name, (numel, dtype) in specs.items()}
+
+
+def reserve(device: torch.device, specs: dict[str, tuple[int, torch.dtype]], stream=None,
+            for_capture: bool = False) -> None:
+    """Allocate the buffers ``specs`` ahead of use, outside capture.
+
+    ``stream`` (a ``torch.cuda.Stream``; default the current one) is the
+    stream the calls will run on; ``for_capture=True`` also reserves the
+    buffers that any CUDA-graph capture without its own may use (graphs
+    sharing them must not be replayed concurrently).
+    """
+    if _capturing(device):
+        raise RuntimeError("specdec_kernels: reserve workspaces before CUDA-graph capture, not during it")
+    stream_key = _stream_key(device) if stream is None else stream.stream_id
+    for name, (numel, dtype) in specs.items():
+        _buffer(name, numel, dtype, device, stream_key)
+        if for_capture:
+            _buffer(name, numel, dtype, device, _CAPTURE)
 
 
 def _buffer(name: str, numel: int, dtype: torch.dtype, device: torch.device, stream) -> torch.Tensor:
     key = (name, dtype, device, stream)
     current = _buffers.get(key)
     if current is None or current.numel() < numel:
-        size = max(numel, 2 * current.numel() if current is not None else 0, 1)
-        current = torch.zeros(size, dtype=dtype, device=device)
-        _buffers[key] = current
+        with _lock:
+            current = _buffers.get(key)
+            if current is None or current.numel() < numel:
+                size = max(numel, 2 * current.numel() if current is not None else 0, 1)
+                if current is not None:
+                    _retired.append(current)
+                current = _zeros_outside_pools(size, dtype, device)
+                _buffers[key] = current
     return current
+
+
+def _captured_buffer(name: str, numel: int, dtype: torch.dtype, device: torch.device, stream) -> torch.Tensor:
+    for key in ((name, dtype, device, stream), (name, dtype, device, _CAPTURE)):
+        current = _buffers.get(key)
+        if current is not None and current.numel() >= numel:
+            return current
+    raise RuntimeError(
+        f"specdec_kernels: `{name}` needs a workspace of {numel} {dtype} elements on {device}, and none is "
+        "reserved for this capture. Call the op once on the capture stream before capturing, or call "
+        "sk.reserve_workspace(...) with the largest sizes the graph will see (it reserves for any capture)."
+    )
+
+
+def _zeros_outside_pools(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if device.type != "cuda":
+        return torch.zeros(numel, dtype=dtype, device=device)
+    result: list = []
+
+    def allocate():
+        try:
+            with torch.cuda.device(device):
+                buffer = torch.zeros(numel, dtype=dtype, device=device)
+                torch.cuda.current_stream(device).synchronize()  # zeroed before any stream uses it
+            result.append(buffer)
+        except BaseException as error:  # re-raised on the calling thread
+            result.append(error)
+
+    worker = threading.Thread(target=allocate, name="specdec-workspace")
+    worker.start()
+    worker.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]

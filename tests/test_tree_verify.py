@@ -127,7 +127,7 @@ def expected_walk(tree_token_ids, parents, target, draft, num_nodes, temperature
                     q = None if draft_probs is None else draft_probs[b, child:child + 1].clone()
                     break
                 mass = torch.clamp_min(p - proposal, 0.0)
-                if not bool((mass > 0).any()):
+                if not bool((_sampling.fixed_point(mass) > 0).any()):  # no mass at the sampler's resolution
                     mass = p
                 total = mass.sum(dim=-1, keepdim=True)
                 p = mass / total if float(total) > 0 else mass
@@ -145,7 +145,7 @@ def expected_walk(tree_token_ids, parents, target, draft, num_nodes, temperature
         final_nodes.append(node)
         if greedy:
             greedy_emitted[b] = int(target[b, node].float().argmax())
-    sampled = _sampling.race_sample(keys, torch.tensor(final_nodes), torch.cat(final_rows))
+    sampled = _sampling.sample(keys, torch.tensor(final_nodes), _sampling.fixed_point(torch.cat(final_rows)))
     for b in range(batch_size):
         output[b, int(num_accepted[b])] = greedy_emitted.get(b, int(sampled[b]))
     return accepted_nodes, output, num_accepted
@@ -325,7 +325,7 @@ def test_greedy_requests_mixed_with_sampling_requests(backend, device):
 @pytest.mark.parametrize("draft_sampling", ["with_replacement", "without_replacement"])
 def test_draft_equal_to_target_accepts_the_first_child_at_every_level(backend, draft_sampling, device):
     """p == q accepts every token with p > 0: the path runs through first children to a leaf,
-    and the emitted token is the race over the leaf's target row."""
+    and the emitted token is the sample of the leaf's target row."""
     generator = torch.Generator().manual_seed(10)
     batch_size, tree_size, vocab_size = 9, 14, 33
     ids, parents, target, _, num_nodes, _ = random_problem(generator, batch_size, tree_size, vocab_size)
@@ -345,7 +345,7 @@ def test_draft_equal_to_target_accepts_the_first_child_at_every_level(backend, d
         assert accepted_nodes[b, :len(path)].tolist() == path and int(num_accepted[b]) == len(path) - 1
     keys = rng.RequestKeys(21, 3, batch_size, torch.device("cpu"))
     leaves = torch.tensor(leaves)
-    emitted = _sampling.race_sample(keys, leaves, target[torch.arange(batch_size), leaves])
+    emitted = _sampling.sample(keys, leaves, _sampling.fixed_point(target[torch.arange(batch_size), leaves]))
     assert torch.equal(output[torch.arange(batch_size), num_accepted.long()], emitted.to(torch.int32))
 
 
@@ -418,7 +418,7 @@ def test_root_only_emits_a_sample_of_the_root_row(backend, tree_size, device):
     assert num_accepted.tolist() == [0] * batch_size
     assert accepted_nodes.tolist() == [[0] + [-1] * (tree_size - 1)] * batch_size
     keys = rng.RequestKeys(7, 2, batch_size, torch.device("cpu"))
-    sampled = _sampling.race_sample(keys, torch.zeros(batch_size, dtype=torch.int64), target[:, 0])
+    sampled = _sampling.sample(keys, torch.zeros(batch_size, dtype=torch.int64), _sampling.fixed_point(target[:, 0]))
     expected = torch.where(temperature == 0, target[:, 0].argmax(dim=-1), sampled)
     assert output[:, 0].tolist() == expected.tolist()
     assert bool((output[:, 1:] == -1).all())

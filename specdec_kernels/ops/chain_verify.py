@@ -56,7 +56,9 @@ def chain_verify(
         CUDA-graph replays).
     backend : {"auto", "reference", "triton", "cuda"}
     validate : bool
-        Check token ids and counts on the host (synchronises) and raise.
+        Check token ids, counts, temperatures and the distributions' values
+        (no NaN; probabilities finite and >= 0; logits not +inf) on the host
+        (synchronises) and raise.
 
     Returns
     -------
@@ -98,7 +100,8 @@ def chain_verify(
     check.random_state(batch_size, seed, offset)
     resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
-        _validate_values(check, draft_token_ids, num_draft_tokens, temperature, max_drafts, vocab_size)
+        _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab_size)
+        check.sampling_values(temperature, logits, {"target": target, "draft": draft})
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
     return _library.op(OP_NAME)(
         draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
@@ -106,7 +109,7 @@ def chain_verify(
     )
 
 
-def _validate_values(check, draft_token_ids, num_draft_tokens, temperature, max_drafts, vocab_size):
+def _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab_size):
     if num_draft_tokens is not None:
         bad = (num_draft_tokens < 0) | (num_draft_tokens > max_drafts)
         if bool(bad.any()):
@@ -125,8 +128,6 @@ def _validate_values(check, draft_token_ids, num_draft_tokens, temperature, max_
             f"`draft_token_ids` must lie in [0, V) = [0, {vocab_size}); request {request} position {position} "
             f"has {int(draft_token_ids[request, position])}"
         )
-    if temperature is not None and bool((~(temperature >= 0) | ~torch.isfinite(temperature)).any()):
-        check.fail("`temperature` must be finite and >= 0 (0 means greedy)")
 
 
 def _reference(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,

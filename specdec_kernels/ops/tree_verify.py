@@ -96,8 +96,7 @@ def tree_verify(
             reference.validate_tree(parents, num_nodes, tree_token_ids, vocab_size)
         except ValueError as error:
             check.fail(str(error))
-        if temperature is not None and bool((~(temperature >= 0) | ~torch.isfinite(temperature)).any()):
-            check.fail("`temperature` must be finite and >= 0 (0 means greedy)")
+        check.sampling_values(temperature, logits, {"target": target, "draft": draft})
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
     return _library.op(OP_NAME)(
         tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,

@@ -110,9 +110,8 @@ def fixed_point(weights: torch.Tensor) -> torch.Tensor:
     Scaling a float32 in ``[0, 1]`` by a power of two is exact, and the
     conversion truncates, the same on every backend.
     """
-    w = weights.to(torch.float32)
-    w = torch.where(w > 0, w, 0.0).clamp_max(1.0)
-    return (w * float(2**SCALE_BITS)).to(torch.int64)
+    w = weights.to(torch.float32).clamp(0.0, 1.0).nan_to_num_(0.0)
+    return w.mul_(float(2**SCALE_BITS)).to(torch.int64)
 
 
 def sample(keys: rng.RequestKeys, position: torch.Tensor, fixed_weights: torch.Tensor) -> torch.Tensor:
@@ -132,7 +131,8 @@ def sample(keys: rng.RequestKeys, position: torch.Tensor, fixed_weights: torch.T
     words = keys.words(rng.SAMPLE_STREAM, position.view(-1, 1), chunks.view(1, -1))
     chunk_draw = _unsigned.from_words(words[0], words[1])
     threshold = _unsigned.mul_high(chunk_draw, chunk_total)
-    candidate = (prefix <= threshold.unsqueeze(-1)).sum(dim=-1) + chunks * CHUNK_SIZE
+    # The prefix is non-decreasing: the count of prefixes <= threshold is a binary search.
+    candidate = torch.searchsorted(prefix, threshold.unsqueeze(-1), right=True).squeeze(-1) + chunks * CHUNK_SIZE
 
     # Inclusive 128-bit prefix of the chunk totals: split each total at bit 31
     # so that both int64 cumsums are exact, then recombine.
@@ -155,5 +155,20 @@ def residual(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
     weight is 0 (every ``p - q`` below ``2**-52``, or NaN).
     """
     mass = torch.clamp_min(target_row - draft_row, 0.0)
-    has_mass = (fixed_point(mass) > 0).any(dim=-1, keepdim=True)
-    return torch.where(has_mass, mass, target_row)
+    return torch.where(_has_mass(fixed_point(mass)), mass, target_row)
+
+
+def residual_weights(target_row: torch.Tensor, draft_row: torch.Tensor, subtract: torch.Tensor) -> torch.Tensor:
+    """Fixed-point weights ``[B, V]`` of the row to sample: the residual where ``subtract [B]``, else ``p``.
+
+    The same rule as :func:`residual` (fall back to ``p`` where the residual
+    has no mass), converting each row to fixed point once.
+    """
+    target_weights = fixed_point(target_row)
+    weights = fixed_point(torch.clamp_min(target_row - draft_row, 0.0))
+    use_residual = subtract.view(-1, 1) & _has_mass(weights)
+    return torch.where(use_residual, weights, target_weights)
+
+
+def _has_mass(weights: torch.Tensor) -> torch.Tensor:
+    return (weights > 0).any(dim=-1, keepdim=True)

@@ -56,8 +56,11 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     keys = rng.RequestKeys(seed, offset, batch_size, device)
     uniforms = _sampling.acceptance_uniforms(keys, positions.view(1, -1).expand(batch_size, -1))
     sampled_accept = _sampling.accept(uniforms, target_at_draft, draft_at_draft)
-    greedy_accept = token_ids == _sampling.greedy_tokens(target[:, :max_drafts], logits)
-    accepted = valid & torch.where(greedy.view(-1, 1), greedy_accept, sampled_accept)
+    if temperature is None:
+        accepted = valid & sampled_accept
+    else:  # only a temperature can make a request greedy: skip the argmaxes otherwise
+        greedy_accept = token_ids == _sampling.greedy_tokens(target[:, :max_drafts], logits)
+        accepted = valid & torch.where(greedy.view(-1, 1), greedy_accept, sampled_accept)
     accepted &= positions.view(1, -1) < num_drafts.view(-1, 1)
     num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
 
@@ -74,9 +77,9 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
         draft_row = torch.nn.functional.one_hot(stop_token, vocab_size).to(torch.float32)
     else:
         draft_row = draft_probs[rows, stop.clamp_max(max_drafts - 1)]
-    mass = torch.where(rejected_valid.view(-1, 1), _sampling.residual(target_row, draft_row), target_row)
-    sampled = _sampling.sample(keys, stop, _sampling.fixed_point(mass))
-    emitted = torch.where(greedy, _sampling.greedy_tokens(target[rows, stop], logits), sampled)
+    emitted = _sampling.sample(keys, stop, _sampling.residual_weights(target_row, draft_row, rejected_valid))
+    if temperature is not None:
+        emitted = torch.where(greedy, _sampling.greedy_tokens(target[rows, stop], logits), emitted)
 
     output = torch.full((batch_size, max_drafts + 1), -1, dtype=torch.int32, device=device)
     output[:, :max_drafts] = torch.where(positions.view(1, -1) < stop.view(-1, 1), token_ids, -1).to(torch.int32)

@@ -1,0 +1,57 @@
+"""``sk.reserve_workspace``: allocate the kernels' scratch ahead of CUDA-graph capture."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _backend, _workspace
+from ..launchers import chain_verify as chain_verify_launchers
+
+
+def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vocab_size: int,
+                      logits: bool = False, stream=None, for_capture: bool = True) -> None:
+    """Reserve the scratch buffers of ``chain_verify`` for calls up to the given sizes.
+
+    The fused kernels keep arrival counters and partial results in buffers
+    that persist across calls, one set per device and stream. They are
+    allocated on first use, which cannot happen inside CUDA-graph capture: an
+    op called under capture without a reserved workspace raises. Call this
+    once, outside capture, with the largest sizes a graph will see.
+
+    Parameters
+    ----------
+    device : torch.device or str, optional
+        Default: the current CUDA device.
+    batch_size, max_draft_tokens, vocab_size : int
+        The largest ``B``, ``K`` and ``V`` of the calls to come.
+    logits : bool
+        Whether the calls pass logits (they need more scratch).
+    stream : torch.cuda.Stream, optional
+        The stream the calls will run on (default: the current stream).
+    for_capture : bool
+        Also reserve the buffers used by any capture that has none of its own
+        (``torch.cuda.graph(g)`` captures on a side stream of its own). Graphs
+        sharing them must not be replayed concurrently.
+
+    Examples
+    --------
+    >>> sk.reserve_workspace("cuda", batch_size=64, max_draft_tokens=4, vocab_size=128256)  # doctest: +SKIP
+    >>> with torch.cuda.graph(graph):  # doctest: +SKIP
+    ...     tokens, accepted = sk.chain_verify(ids, target, draft, seed=seeds, offset=step)
+    """
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    for name, value in (("batch_size", batch_size), ("max_draft_tokens", max_draft_tokens),
+                        ("vocab_size", vocab_size)):
+        if not isinstance(value, int) or value < (1 if name != "max_draft_tokens" else 0):
+            raise ValueError(f"reserve_workspace: `{name}` must be a positive int; got {value!r}")
+    rows_per_request = max_draft_tokens + 1
+    specs = {}
+    if _backend.available("chain_verify", "triton", device):
+        specs.update(chain_verify_launchers.triton_workspace_specs(
+            batch_size, rows_per_request, vocab_size, logits, device))
+    if _backend.available("chain_verify", "cuda", device):
+        specs.update(chain_verify_launchers.cuda_workspace_specs(
+            batch_size, rows_per_request, vocab_size, logits, device))
+    _workspace.reserve(device, specs, stream=stream, for_capture=for_capture)
