@@ -6,6 +6,8 @@ K = 4 and V = 128256. On a CPU: V = 32000, small batches, reference only.
 
 Inputs: target logits ``3 * N(0, 1)``, draft logits = target + ``0.5 * N(0, 1)``
 (acceptance about 0.8 per position), draft tokens sampled from the draft.
+Providers: the backends, ``plain`` (a plain PyTorch verifier, the baseline the
+reference must match on a CPU) and FlashInfer when importable.
 The offset is an int64 device tensor, as in a captured decoding loop.
 
 Minimum bytes, per request with ``a`` accepted of ``K`` drafts (``a`` is the
@@ -31,6 +33,7 @@ import torch
 
 import harness
 import specdec_kernels as sk
+from plain_verifier import plain_chain_verify
 
 OP = "chain_verify"
 BATCH_KEY = "B"
@@ -47,7 +50,10 @@ NOTES = [
     "(and q row after a rejection) at the sampled position + outputs.",
     "logits: full target rows 0..a and draft rows 0..min(a, K-1) (a softmax reads its whole row) + ids + outputs.",
     "matches_reference: bit-exact outputs for probabilities; for logits at least 99% of requests identical "
-    "(softmax rounding may differ between backends). flashinfer draws its own random numbers: not compared.",
+    "(softmax rounding may differ between backends). flashinfer and plain draw their own random numbers: "
+    "not compared.",
+    "plain: the textbook PyTorch verifier (torch.rand, torch.multinomial on the residual; bench/plain_verifier.py); "
+    "its 'x ref' column is the reference's time over its time.",
 ]
 
 
@@ -74,13 +80,15 @@ def _flashinfer():
 
 
 def providers(settings: harness.Settings) -> list[str]:
-    names = harness.backend_providers(OP, settings)
+    names = harness.backend_providers(OP, settings) + ["plain"]
     if settings.is_cuda and _flashinfer() is not None:
         names.append("flashinfer")
     return names
 
 
 class Case:
+    UNCOMPARED = ("plain", "flashinfer")  # they draw their own random numbers
+
     def __init__(self, config: dict, settings: harness.Settings):
         self.batch, self.max_drafts, self.vocab = config["B"], config["K"], config["V"]
         self.logits = config["inputs"].startswith("logits")
@@ -111,14 +119,14 @@ class Case:
         return provider != "flashinfer" or not self.logits  # FlashInfer takes probabilities
 
     def call(self, provider: str, inputs: dict):
+        if provider == "plain":
+            return plain_chain_verify(inputs["ids"], inputs["target"], inputs["draft"], logits=self.logits)
         if provider == "flashinfer":
             return _flashinfer().chain_speculative_sampling(inputs["draft"], inputs["ids"], inputs["target"])
         return sk.chain_verify(inputs["ids"], inputs["target"], inputs["draft"], logits=self.logits, seed=SEED,
                                offset=inputs["offset"], backend=provider)
 
     def same(self, expected, actual) -> bool:
-        if not isinstance(actual, tuple):  # a peer library: its own random numbers
-            return None
         if not self.logits:
             return torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])
         rows_equal = (expected[0] == actual[0]).all(dim=-1) & (expected[1] == actual[1])

@@ -18,7 +18,8 @@ A bench module provides::
                                          # .call(provider, inputs), .min_bytes(inputs, ref_out),
                                          # .same(ref_out, out) or .check(provider, inputs),
                                          # optional .supports(provider), .flops(inputs),
-                                         # .graph_skip_reason(provider) (not capturable: why)
+                                         # .graph_skip_reason(provider) (not capturable: why),
+                                         # .UNCOMPARED (providers with their own random numbers)
 
 Timing (see .library METHOD.md for the reasoning):
 
@@ -421,7 +422,7 @@ def run_op(module, settings: Settings, copy_gbps: float, progress=None) -> tuple
             row = {"op": module.OP, "provider": provider, **config, "config": config_label(config),
                    "min_bytes": int(round(min_bytes)), "n_sets": count, "cold_cache": cold, **details}
             try:
-                if provider == "reference":
+                if provider == "reference" or provider in getattr(case, "UNCOMPARED", ()):
                     matches = None
                 elif hasattr(case, "check"):  # in-place ops compare on fresh copies
                     matches = case.check(provider, first)

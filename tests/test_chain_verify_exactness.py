@@ -123,13 +123,13 @@ def _accept_without_ratio(uniform, target_prob, draft_prob):
     return uniform < target_prob
 
 
-def _resample_from_target(target_row, draft_row):
-    return target_row
+def _resample_from_target(target_row, draft_row, subtract):
+    return _sampling.fixed_point(target_row)
 
 
 @pytest.mark.parametrize(
     "name, replacement",
-    [("accept", _accept_without_ratio), ("residual", _resample_from_target)],
+    [("accept", _accept_without_ratio), ("residual_weights", _resample_from_target)],
     ids=["accept-with-p-instead-of-min(1,p/q)", "resample-from-p-instead-of-residual"],
 )
 def test_harness_rejects_wrong_verifiers(name, replacement, monkeypatch, device):
