@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# One check on a GPU machine, in under 8 minutes: build the CUDA extension,
-# run the whole test suite on CUDA, run the quick benchmark sweep, print a
-# short summary table last.
+# One check on a GPU machine, in under 10 minutes: build the CUDA extension,
+# run the whole test suite on CUDA, run the hazard checks (bench/hazards.py,
+# each in its own process under `timeout`, so a hang is a failure), run the
+# quick benchmark sweep, print a short summary table last.
 #
 #   bench/gpu_check.sh OUTDIR
 #
 # Writes 8 files at most, none deeper than OUTDIR/results/:
 #   OUTDIR/build.log   nvidia-smi, versions, the build (ptxas registers/spills)
-#   OUTDIR/tests.log   python -m pytest -q tests (the conftest picks CUDA)
+#   OUTDIR/tests.log   python -m pytest -q tests (the conftest picks CUDA), then the
+#                      hazard checks' PASS/FAIL lines
 #   OUTDIR/bench.log   python -m specdec_kernels bench --quick
 #   OUTDIR/results/    results.json, results.csv, history.jsonl, time_vs_batch.png, roofline.png
 #
 # A failing stage is recorded and the next one still runs; the exit status is
 # that of the first failing stage. Stage limits (seconds) can be changed with
-# BUILD_TIMEOUT, TESTS_TIMEOUT and BENCH_TIMEOUT; PYTHON picks the interpreter.
+# BUILD_TIMEOUT, TESTS_TIMEOUT, HAZARDS_TIMEOUT (the whole hazard stage) and
+# BENCH_TIMEOUT; PYTHON picks the interpreter.
 set -uo pipefail
 
 out="${1:?usage: bench/gpu_check.sh OUTDIR}"
@@ -26,9 +29,10 @@ export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 export PYTHONUNBUFFERED=1 PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 unset TRITON_INTERPRET  # kernels run on the GPU here
-build_timeout="${BUILD_TIMEOUT:-120}"
-tests_timeout="${TESTS_TIMEOUT:-180}"
-bench_timeout="${BENCH_TIMEOUT:-150}"
+build_timeout="${BUILD_TIMEOUT:-100}"
+tests_timeout="${TESTS_TIMEOUT:-170}"
+hazards_timeout="${HAZARDS_TIMEOUT:-150}"
+bench_timeout="${BENCH_TIMEOUT:-120}"
 
 started=$(date +%s)
 stage_seconds() { echo $(( $(date +%s) - $1 )); }
@@ -64,6 +68,30 @@ tests_summary="$(grep -E '(passed|failed|error|skipped|no tests ran)' "$out/test
 [ "$tests_status" -eq 124 ] && tests_summary="TIMED OUT after ${tests_timeout}s; last: ${tests_summary}"
 tests_seconds=$(stage_seconds "$t0")
 
+# ---- hazards: one process per check, each under its own limit ----------
+t0=$(date +%s)
+hazards_status=0
+hazards_failed=""
+echo "== hazard checks (bench/hazards.py)" >>"$out/tests.log"
+for check in graph_replay grow_after_capture graphs_out_of_order two_streams small_vocabularies \
+             stride_overflow logits_busy_gpu compile_reduce_overhead throughput fuzz; do
+    left=$(( hazards_timeout - $(stage_seconds "$t0") ))
+    limit=$(( left < 60 ? left : 60 ))
+    [ "$check" = fuzz ] && limit=$left  # the fuzz, last, gets what is left
+    if [ "$limit" -lt 5 ]; then
+        echo "SKIP $check: the hazard stage's ${hazards_timeout}s are spent" >>"$out/tests.log"
+        hazards_failed="$hazards_failed $check(skipped)"; hazards_status=1
+        continue
+    fi
+    check_status=0
+    timeout "$limit" "$python" bench/hazards.py "$check" >>"$out/tests.log" 2>&1 || check_status=$?
+    if [ "$check_status" -ne 0 ]; then
+        [ "$check_status" -eq 124 ] && echo "FAIL $check: TIMED OUT after ${limit}s (a hang)" >>"$out/tests.log"
+        hazards_failed="$hazards_failed $check"; hazards_status=1
+    fi
+done
+hazards_seconds=$(stage_seconds "$t0")
+
 # ---- benchmarks ---------------------------------------------------------
 t0=$(date +%s)
 bench_status=0
@@ -76,7 +104,10 @@ echo
 echo "== gpu_check summary ($(stage_seconds "$started") s; logs in $out)"
 printf '%-8s %-6s %5ss  %s\n' build "$([ $build_status -eq 0 ] && echo ok || echo FAIL)" "$build_seconds" "extension $extension"
 printf '%-8s %-6s %5ss  %s\n' tests "$([ $tests_status -eq 0 ] && echo ok || echo FAIL)" "$tests_seconds" "$tests_summary"
+printf '%-8s %-6s %5ss  %s\n' hazards "$([ $hazards_status -eq 0 ] && echo ok || echo FAIL)" "$hazards_seconds" \
+    "failed:${hazards_failed:- none}"
 printf '%-8s %-6s %5ss  %s\n' bench "$([ $bench_status -eq 0 ] && echo ok || echo FAIL)" "$bench_seconds" "$out/results"
+grep -E '^(PASS|FAIL|SKIP) ' "$out/tests.log" || true
 if [ "$tests_status" -ne 0 ]; then
     echo "-- failing tests:"
     grep -E '^(FAILED|ERROR) ' "$out/tests.log" | head -n 15 || tail -n 5 "$out/tests.log"
@@ -109,7 +140,7 @@ else
     tail -n 15 "$out/bench.log"
 fi
 
-for status in "$build_status" "$tests_status" "$bench_status"; do
+for status in "$build_status" "$tests_status" "$hazards_status" "$bench_status"; do
     [ "$status" -ne 0 ] && exit "$status"
 done
 exit 0

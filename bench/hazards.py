@@ -1,0 +1,303 @@
+"""GPU hazard checks of the fused chain kernels, one check per process.
+
+    python bench/hazards.py CHECK [--backends triton,cuda]
+
+Each check exercises a way a serving process can break a kernel that the
+interpreter cannot show: CUDA-graph capture and replay, workspace growth after
+a capture, graphs replayed out of order, ``torch.compile(mode=
+"reduce-overhead")``, a grid larger than the GPU while other work occupies it,
+64-bit strides, tiny vocabularies, concurrent streams, and a random
+bit-equality fuzz. ``bench/gpu_check.sh`` runs every check in its own process
+under ``timeout``, so a hang is a failure, not a lost run. A check prints one
+``PASS``/``FAIL`` line per backend (with its measurements) and exits non-zero
+on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import statistics
+import sys
+
+import torch
+
+import specdec_kernels as sk
+from specdec_kernels import _workspace
+
+CHECKS = {}
+COUNTER_NAME = re.compile(r"arrival|ticket|counter")
+
+
+def check(function):
+    CHECKS[function.__name__] = function
+    return function
+
+
+def problem(batch_size, max_drafts, vocab_size, *, logits=False, dtype=torch.float32, seed=0, device="cuda"):
+    """``(draft_token_ids, target, draft)``: drafts sampled from the draft, acceptance about 0.8."""
+    generator = torch.Generator(device).manual_seed(seed)
+    x = 3 * torch.randn(batch_size, max_drafts + 1, vocab_size, generator=generator, device=device)
+    y = x[:, :max_drafts] + 0.5 * torch.randn(batch_size, max_drafts, vocab_size, generator=generator, device=device)
+    draft_probs = torch.softmax(y, -1)
+    ids = torch.multinomial(draft_probs.reshape(-1, vocab_size), 1, generator=generator)
+    ids = ids.view(batch_size, max_drafts).to(torch.int32)
+    if logits:
+        return ids, x.to(dtype), y.to(dtype)
+    return ids, torch.softmax(x, -1).to(dtype), draft_probs.to(dtype)
+
+
+def counters_at_zero() -> bool:
+    """Every arrival counter of every workspace is back at zero (the next call relies on it)."""
+    torch.cuda.synchronize()
+    return all(int(buffer.count_nonzero()) == 0 for key, buffer in _workspace._buffers.items()
+               if COUNTER_NAME.search(key[0]))
+
+
+def same(expected, actual, logits=False) -> bool:
+    if not logits:
+        return all(torch.equal(e, a) for e, a in zip(expected, actual))
+    rows = (expected[0] == actual[0]).all(-1) & (expected[1] == actual[1])
+    return bool(rows.float().mean() >= 0.99)  # softmax rounding may differ between backends
+
+
+def median_us(function, repeats=20) -> float:
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+@check
+def graph_replay(backend):
+    """200 calls captured in one graph at B=1 (the decode-time case); replay time per call."""
+    notes, ok = [], True
+    for vocab_size in (32000, 128256):
+        for logits, dtype in ((False, torch.float32), (True, torch.bfloat16)):
+            ids, target, draft = problem(1, 4, vocab_size, logits=logits, dtype=dtype)
+            offset = torch.zeros((), dtype=torch.int64, device="cuda")
+            call = lambda: sk.chain_verify(ids, target, draft, logits=logits, seed=5, offset=offset,  # noqa: E731
+                                           backend=backend)
+            sk.reserve_workspace(batch_size=1, max_draft_tokens=4, vocab_size=vocab_size, logits=logits)
+            call()  # compiles outside capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = [call() for _ in range(200)]
+            offset.fill_(7)
+            graph.replay()
+            expected = sk.chain_verify(ids, target, draft, logits=logits, seed=5, offset=7, backend=backend)
+            ok &= all(same(expected, output) for output in (outputs[0], outputs[-1])) and counters_at_zero()
+            per_call = median_us(graph.replay, 10) / 200
+            notes.append(f"V={vocab_size} {'logits-bf16' if logits else 'probs-fp32'} {per_call:.2f} us/call")
+    return ok, "; ".join(notes)
+
+
+def copy_reference_us(num_bytes: int) -> float:
+    """``torch.sum`` over ``num_bytes`` of float32: the read bandwidth the kernel is held against."""
+    data = torch.ones(num_bytes // 4, device="cuda")
+    data.sum()
+    return median_us(lambda: data.sum())
+
+
+@check
+def throughput(backend):
+    """B=256, K=4, V=128256: time against a torch.sum over the bytes the call needs."""
+    notes, ok = [], True
+    for logits, dtype in ((False, torch.float32), (False, torch.bfloat16), (True, torch.bfloat16)):
+        ids, target, draft = problem(256, 4, 128256, logits=logits, dtype=dtype)
+        call = lambda: sk.chain_verify(ids, target, draft, logits=logits, seed=1, offset=3,  # noqa: E731
+                                       backend=backend)
+        _, accepted = call()
+        accepted = accepted.long()
+        row_bytes = target.shape[-1] * target.element_size()
+        if logits:  # every target row up to the stop, every draft row before it
+            rows = (accepted + 1) + torch.clamp(accepted + 1, max=4)
+        else:  # the stop row of p, and of q after a rejection
+            rows = 1 + (accepted < 4).long()
+        needed = int(rows.sum()) * row_bytes
+        kernel_us, sum_us = median_us(call), copy_reference_us(needed)
+        ok &= counters_at_zero()
+        notes.append(f"{'logits' if logits else 'probs'}-{str(dtype)[6:]} {kernel_us:.1f} us, "
+                     f"{needed / kernel_us / 1e3:.0f} GB/s = {sum_us / kernel_us:.0%} of torch.sum")
+    return ok, "; ".join(notes)
+
+
+@check
+def grow_after_capture(backend):
+    """Capture at B=8, then an eager call at B=600 grows the workspace; the graph must still be right."""
+    ids, target, draft = problem(8, 4, 32000)
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+    sk.reserve_workspace(batch_size=8, max_draft_tokens=4, vocab_size=32000)
+    sk.chain_verify(ids, target, draft, seed=2, offset=offset, backend=backend)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = sk.chain_verify(ids, target, draft, seed=2, offset=offset, backend=backend)
+    big = problem(600, 4, 32000, seed=1)
+    sk.chain_verify(*big, seed=2, offset=0, backend=backend)
+    offset.fill_(9)
+    graph.replay()
+    expected = sk.chain_verify(ids, target, draft, seed=2, offset=9, backend=backend)
+    return same(expected, captured) and counters_at_zero(), "replay after growth"
+
+
+@check
+def graphs_out_of_order(backend):
+    """Two graphs captured with plain torch.cuda.graph(g), replayed in the other order."""
+    problems = [problem(4, 3, 50000, seed=seed) for seed in (1, 2)]
+    sk.reserve_workspace(batch_size=4, max_draft_tokens=3, vocab_size=50000)
+    graphs, outputs = [], []
+    for ids, target, draft in problems:
+        sk.chain_verify(ids, target, draft, seed=3, offset=1, backend=backend)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs.append(sk.chain_verify(ids, target, draft, seed=3, offset=1, backend=backend))
+        graphs.append(graph)
+    ok = True
+    for index in (1, 0, 1):
+        graphs[index].replay()
+        expected = sk.chain_verify(*problems[index], seed=3, offset=1, backend=backend)
+        ok &= same(expected, outputs[index])
+    return ok and counters_at_zero(), "replayed 1, 0, 1"
+
+
+@check
+def compile_reduce_overhead(backend):
+    """torch.compile(mode="reduce-overhead") over changing batch sizes."""
+    compiled = torch.compile(
+        lambda ids, target, draft, offset: sk.chain_verify(ids, target, draft, seed=4, offset=offset, backend=backend),
+        mode="reduce-overhead", dynamic=False)
+    ok = True
+    for batch_size in (1, 3, 8, 3, 17, 1, 8):
+        ids, target, draft = problem(batch_size, 4, 32000, seed=batch_size)
+        offset = torch.tensor(batch_size, dtype=torch.int64, device="cuda")
+        for _ in range(2):
+            actual = [t.clone() for t in compiled(ids, target, draft, offset)]
+        expected = sk.chain_verify(ids, target, draft, seed=4, offset=offset, backend=backend)
+        ok &= same(expected, actual)
+    return ok and counters_at_zero(), "batch sizes 1, 3, 8, 3, 17, 1, 8"
+
+
+@check
+def logits_busy_gpu(backend):
+    """Logits at B=1024, K=8 while another stream keeps SMs busy: no program may wait on one never scheduled."""
+    ids, target, draft = problem(1024, 8, 32000, logits=True, dtype=torch.bfloat16)
+    expected = sk.chain_verify(ids, target, draft, logits=True, seed=6, offset=0, backend=backend)
+    side = torch.cuda.Stream()
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    with torch.cuda.stream(side):
+        for _ in range(20):
+            a = a @ a.T * 1e-4
+    actual = sk.chain_verify(ids, target, draft, logits=True, seed=6, offset=0, backend=backend)
+    torch.cuda.synchronize()
+    return same(expected, actual, logits=True) and counters_at_zero(), "finished while a matmul stream ran"
+
+
+@check
+def stride_overflow(backend):
+    """A transposed target whose row offset K * stride passes 2**31 elements."""
+    batch_size, max_drafts, vocab_size = 17000, 4, 32000  # stride of a position: B * V = 5.4e8
+    generator = torch.Generator("cuda").manual_seed(7)
+    planes = torch.rand(max_drafts + 1, batch_size, vocab_size, generator=generator, device="cuda",
+                        dtype=torch.bfloat16)
+    target = planes.transpose(0, 1)  # [B, K+1, V], stride(1) = B * V
+    ids = torch.randint(0, vocab_size, (batch_size, max_drafts), generator=generator, device="cuda")
+    seeds = torch.arange(batch_size, device="cuda")
+    actual = sk.chain_verify(ids, target, None, seed=seeds, offset=1, backend=backend)
+    tail = slice(batch_size - 8, batch_size)  # the requests whose rows lie past 2**31 elements
+    expected = sk.chain_verify(ids[tail], target[tail], None, seed=seeds[tail], offset=1, backend="reference")
+    return same(expected, [actual[0][tail], actual[1][tail]]) and counters_at_zero(), "K*stride = 2.2e9"
+
+
+@check
+def small_vocabularies(backend):
+    """V=1 and V=16 at B=1024, K=8 (row packing), probabilities and logits."""
+    ok = True
+    for vocab_size in (1, 16):
+        for logits in (False, True):
+            ids, target, draft = problem(1024, 8, vocab_size, logits=logits, seed=vocab_size)
+            arguments = dict(logits=logits, seed=torch.arange(1024, device="cuda"), offset=2)
+            expected = sk.chain_verify(ids, target, draft, backend="reference", **arguments)
+            ok &= same(expected, sk.chain_verify(ids, target, draft, backend=backend, **arguments), logits)
+    return ok and counters_at_zero(), "V in {1, 16}"
+
+
+# (dtype, draft given, counts given, temperatures given, per-request seeds, tensor offset): a fixed set,
+# so that the fuzz varies values (sizes, ids, counts, greedy mixes, seeds) rather than compiling
+# hundreds of kernel specialisations.
+FUZZ_STRUCTURES = (
+    (torch.float32, True, False, False, False, False),
+    (torch.float32, False, True, True, True, True),
+    (torch.bfloat16, True, True, True, False, True),
+    (torch.float16, True, True, False, True, False),
+    (torch.bfloat16, False, False, True, True, True),
+    (torch.float32, True, True, True, True, True),
+)
+
+
+@check
+def fuzz(backend, cases=2000):
+    """Random sizes, ids, counts, greedy mixes and seeds: bit equal to the reference, counters at zero."""
+    rng = random.Random(8)
+    failures = []
+    for case in range(cases):
+        dtype, with_draft, with_counts, with_temperature, per_request, tensor_offset = rng.choice(FUZZ_STRUCTURES)
+        batch_size, max_drafts = rng.randint(1, 40), rng.choice((3, 8))
+        vocab_size = rng.choice((111, 5000, 32000))
+        ids, target, draft = problem(batch_size, max_drafts, vocab_size, dtype=dtype, seed=case)
+        ids[torch.rand(ids.shape, device="cuda") < 0.05] = -1
+        arguments = dict(
+            draft=draft if with_draft else None,
+            num_draft_tokens=torch.randint(0, max_drafts + 1, (batch_size,), device="cuda", dtype=torch.int32)
+            if with_counts else None,
+            temperature=torch.where(torch.rand(batch_size, device="cuda") < 0.2, 0.0, 1.0)
+            if with_temperature else None,
+            seed=torch.randint(0, 2**62, (batch_size,), device="cuda") if per_request else rng.getrandbits(63),
+            offset=torch.tensor(case, device="cuda") if tensor_offset else case,
+        )
+        expected = sk.chain_verify(ids, target, backend="reference", **arguments)
+        actual = sk.chain_verify(ids, target, backend=backend, **arguments)
+        if not same(expected, actual):
+            failures.append(case)
+    return not failures and counters_at_zero(), f"{cases} cases, mismatches {failures[:10]}"
+
+
+@check
+def two_streams(backend):
+    """Two streams calling at once: each has its own workspace and gets its own answer."""
+    problems = [problem(16, 4, 128256, seed=seed) for seed in (1, 2)]
+    expected = [sk.chain_verify(*p, seed=9, offset=4, backend=backend) for p in problems]
+    streams = [torch.cuda.Stream() for _ in problems]
+    results = [[], []]
+    for _ in range(50):
+        for index, (stream, arguments) in enumerate(zip(streams, problems)):
+            with torch.cuda.stream(stream):
+                results[index].append(sk.chain_verify(*arguments, seed=9, offset=4, backend=backend))
+    torch.cuda.synchronize()
+    ok = all(same(expected[index], output) for index in (0, 1) for output in results[index])
+    return ok and counters_at_zero(), "50 calls on each of 2 streams"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("check", choices=sorted(CHECKS))
+    parser.add_argument("--backends", default="triton,cuda")
+    args = parser.parse_args(argv)
+    status = 0
+    for backend in args.backends.split(","):
+        try:
+            ok, note = CHECKS[args.check](backend)
+        except Exception as error:  # reported as a failure of this check, then the next backend
+            ok, note = False, f"{type(error).__name__}: {error}"
+        print(f"{'PASS' if ok else 'FAIL'} {args.check} {backend}: {note}", flush=True)
+        status |= 0 if ok else 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
