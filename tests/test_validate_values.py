@@ -1,0 +1,57 @@
+"""``validate=True`` rejects values the kernels would only give a documented fallback for."""
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+
+
+def chain_inputs(logits=False):
+    target = torch.softmax(torch.randn(2, 3, 20), -1)
+    draft = torch.softmax(torch.randn(2, 2, 20), -1)
+    if logits:
+        target, draft = target.log(), draft.log()
+    return torch.zeros(2, 2, dtype=torch.int64), target, draft
+
+
+@pytest.mark.parametrize("bad, message", [
+    (float("nan"), "probabilities must be finite and >= 0"),
+    (float("inf"), "probabilities must be finite and >= 0"),
+    (-0.1, "probabilities must be finite and >= 0"),
+])
+@pytest.mark.parametrize("argument", ["target", "draft"])
+def test_chain_rejects_bad_probabilities(bad, message, argument):
+    ids, target, draft = chain_inputs()
+    {"target": target, "draft": draft}[argument][1, 1, 5] = bad
+    with pytest.raises(ValueError, match=f"`{argument}`: {message}; element \\[1, 1, 5\\]"):
+        sk.chain_verify(ids, target, draft, validate=True, backend="reference")
+    sk.chain_verify(ids, target, draft, backend="reference")  # without validate: a defined outcome
+
+
+@pytest.mark.parametrize("bad, allowed", [(float("nan"), False), (float("inf"), False), (-float("inf"), True)])
+def test_chain_logits_may_hold_minus_inf_only(bad, allowed):
+    ids, target, draft = chain_inputs(logits=True)
+    target[0, 2, 3] = bad
+    call = lambda: sk.chain_verify(ids, target, draft, logits=True, validate=True, backend="reference")  # noqa: E731
+    if allowed:
+        call()
+    else:
+        with pytest.raises(ValueError, match="logits must not be NaN or \\+inf"):
+            call()
+
+
+@pytest.mark.parametrize("temperature", [float("inf"), float("nan"), -1.0])
+def test_temperatures_must_be_finite_and_non_negative(temperature):
+    ids, target, draft = chain_inputs(logits=True)
+    with pytest.raises(ValueError, match="`temperature` must be finite and >= 0"):
+        sk.chain_verify(ids, target, draft, logits=True, temperature=torch.tensor([1.0, temperature]),
+                        validate=True, backend="reference")
+
+
+def test_tree_rejects_bad_probabilities():
+    parents = torch.tensor([[-1, 0, 0]], dtype=torch.int32)
+    ids = torch.tensor([[0, 1, 2]])
+    target = torch.softmax(torch.randn(1, 3, 10), -1)
+    target[0, 0, 4] = float("nan")
+    with pytest.raises(ValueError, match="`target`: probabilities must be finite"):
+        sk.tree_verify(ids, parents, target, validate=True, backend="reference")

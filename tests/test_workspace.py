@@ -1,0 +1,59 @@
+"""Workspace lifecycle: reserved ahead, never freed, never allocated under capture.
+
+The GPU-only parts (real graph capture, the helper-thread allocation, pools)
+run in ``bench/hazards.py`` on a GPU; here the rules are checked on CPU
+tensors, with capture simulated where a rule depends on it.
+"""
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+from specdec_kernels import _workspace
+
+DEVICE = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh_workspaces(monkeypatch):
+    monkeypatch.setattr(_workspace, "_buffers", {})
+    monkeypatch.setattr(_workspace, "_retired", [])
+
+
+def test_buffers_persist_and_start_at_zero():
+    first = _workspace.buffers(DEVICE, {"op.counters": (4, torch.int32)})["op.counters"]
+    assert first.tolist() == [0, 0, 0, 0]
+    again = _workspace.buffers(DEVICE, {"op.counters": (3, torch.int32)})["op.counters"]
+    assert again.data_ptr() == first.data_ptr()
+
+
+def test_growth_keeps_the_old_buffer_alive():
+    """A graph captured before the growth may still read the old buffer: it must never be freed."""
+    small = _workspace.buffers(DEVICE, {"op.scratch": (8, torch.int64)})["op.scratch"]
+    large = _workspace.buffers(DEVICE, {"op.scratch": (100, torch.int64)})["op.scratch"]
+    assert large.numel() >= 100 and large.data_ptr() != small.data_ptr()
+    assert any(retired is small for retired in _workspace._retired)
+
+
+def test_no_allocation_under_capture(monkeypatch):
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    with pytest.raises(RuntimeError, match="reserve_workspace"):
+        _workspace.buffers(DEVICE, {"op.counters": (4, torch.int32)})
+    with pytest.raises(RuntimeError, match="before CUDA-graph capture"):
+        _workspace.reserve(DEVICE, {"op.counters": (4, torch.int32)})
+
+
+def test_capture_uses_the_reservation_for_capture(monkeypatch):
+    _workspace.reserve(DEVICE, {"op.counters": (16, torch.int32)}, for_capture=True)
+    reserved = _workspace._buffers[("op.counters", torch.int32, DEVICE, _workspace._CAPTURE)]
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    monkeypatch.setattr(_workspace, "_stream_key", lambda device: 12345)  # a capture stream never used before
+    captured = _workspace.buffers(DEVICE, {"op.counters": (10, torch.int32)})["op.counters"]
+    assert captured.data_ptr() == reserved.data_ptr()
+    with pytest.raises(RuntimeError, match="needs a workspace of 17"):
+        _workspace.buffers(DEVICE, {"op.counters": (17, torch.int32)})
+
+
+def test_reserve_workspace_checks_its_sizes():
+    with pytest.raises(ValueError, match="`vocab_size` must be a positive int"):
+        sk.reserve_workspace("cpu", batch_size=1, max_draft_tokens=4, vocab_size=0)
