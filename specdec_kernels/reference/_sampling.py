@@ -56,13 +56,14 @@ def probabilities(x: torch.Tensor, temperature: torch.Tensor | None, logits: boo
     x = x.to(torch.float32)
     if not logits:
         return x
-    x = torch.where(torch.isnan(x), -float("inf"), x)
+    x = torch.nan_to_num(x, nan=-float("inf"), posinf=float("inf"), neginf=-float("inf"))
     shift = x - x.amax(dim=-1, keepdim=True)
     if temperature is not None:
         safe_temperature = torch.where(temperature > 0, temperature, 1.0).to(torch.float32)
-        shift = shift / safe_temperature.view(-1, *([1] * (x.dim() - 1)))
-    z = torch.where(shift > -float("inf"), torch.exp(shift), 0.0)
-    return z / z.sum(dim=-1, keepdim=True)
+        shift.div_(safe_temperature.view(-1, *([1] * (x.dim() - 1))))
+    # inf - inf and -inf / inf are NaN: those terms weigh 0 (a row of them has no mass)
+    shift.nan_to_num_(nan=-float("inf"), posinf=float("inf"), neginf=-float("inf"))
+    return torch.softmax(shift, dim=-1)
 
 
 def greedy_requests(temperature: torch.Tensor | None, batch_size: int, device) -> torch.Tensor:
