@@ -53,9 +53,9 @@ void check_device(const at::Tensor& tensor, const char* op, const char* name, c1
 }
 
 // ---------------------------------------------------------------------------
-// rng_fill: Philox words, uniforms and exponentials of a block of counters.
+// rng_fill: Philox words and uniforms of a block of counters.
 
-using RngFillOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using RngFillOutputs = std::tuple<at::Tensor, at::Tensor>;
 
 void check_rng_fill_args(const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
                          int64_t batch_size, int64_t stream, const at::Tensor& positions, int64_t num_indices) {
@@ -89,7 +89,6 @@ RngFillOutputs allocate_rng_fill(const at::Tensor& positions, int64_t batch_size
   const int64_t num_positions = positions.size(0);
   const auto options = positions.options();
   return {at::empty({batch_size, num_positions, num_indices, 4}, options.dtype(at::kInt)),
-          at::empty({batch_size, num_positions, num_indices}, options.dtype(at::kFloat)),
           at::empty({batch_size, num_positions, num_indices}, options.dtype(at::kFloat))};
 }
 
@@ -135,7 +134,7 @@ RngFillOutputs rng_fill_cpu(const std::optional<at::Tensor>& seed, int64_t seed_
   rng_fill_host(inputs.args, batch_size, static_cast<uint32_t>(stream), inputs.positions.data_ptr<int64_t>(),
                 inputs.positions.size(0), num_indices,
                 reinterpret_cast<uint32_t*>(std::get<0>(outputs).data_ptr<int32_t>()),
-                std::get<1>(outputs).data_ptr<float>(), std::get<2>(outputs).data_ptr<float>());
+                std::get<1>(outputs).data_ptr<float>());
   return outputs;
 }
 
@@ -149,51 +148,8 @@ RngFillOutputs rng_fill_cuda(const std::optional<at::Tensor>& seed, int64_t seed
   check_launch(launch_rng_fill(inputs.args, batch_size, static_cast<uint32_t>(stream),
                                inputs.positions.data_ptr<int64_t>(), inputs.positions.size(0), num_indices,
                                reinterpret_cast<uint32_t*>(std::get<0>(outputs).data_ptr<int32_t>()),
-                               std::get<1>(outputs).data_ptr<float>(), std::get<2>(outputs).data_ptr<float>(),
-                               current_cuda_stream(positions.device())),
+                               std::get<1>(outputs).data_ptr<float>(), current_cuda_stream(positions.device())),
                "rng_fill");
-  return outputs;
-}
-
-// ---------------------------------------------------------------------------
-// rng_from_words: the float transforms of given Philox words.
-
-using RngFromWordsOutputs = std::tuple<at::Tensor, at::Tensor>;
-
-void check_rng_from_words_args(const at::Tensor& words) {
-  check_dtype(words, "rng_from_words", "words", at::kInt);
-  TORCH_CHECK_VALUE(words.dim() >= 1 && words.size(-1) == 4,
-                    "specdec_C::rng_from_words: `words` must have shape [..., 4], got ", words.sizes());
-}
-
-RngFromWordsOutputs allocate_rng_from_words(const at::Tensor& words) {
-  const auto shape = words.sizes().slice(0, words.dim() - 1);
-  return {at::empty(shape, words.options().dtype(at::kFloat)), at::empty(shape, words.options().dtype(at::kFloat))};
-}
-
-RngFromWordsOutputs rng_from_words_meta(const at::Tensor& words) {
-  check_rng_from_words_args(words);
-  return allocate_rng_from_words(words);
-}
-
-RngFromWordsOutputs rng_from_words_cpu(const at::Tensor& words) {
-  check_rng_from_words_args(words);
-  auto outputs = allocate_rng_from_words(words);
-  const at::Tensor contiguous = words.contiguous();
-  rng_from_words_host(reinterpret_cast<const uint32_t*>(contiguous.data_ptr<int32_t>()), contiguous.numel() / 4,
-                      std::get<0>(outputs).data_ptr<float>(), std::get<1>(outputs).data_ptr<float>());
-  return outputs;
-}
-
-RngFromWordsOutputs rng_from_words_cuda(const at::Tensor& words) {
-  check_rng_from_words_args(words);
-  const c10::DeviceGuard device_guard(words.device());
-  auto outputs = allocate_rng_from_words(words);
-  const at::Tensor contiguous = words.contiguous();
-  check_launch(launch_rng_from_words(reinterpret_cast<const uint32_t*>(contiguous.data_ptr<int32_t>()),
-                                     contiguous.numel() / 4, std::get<0>(outputs).data_ptr<float>(),
-                                     std::get<1>(outputs).data_ptr<float>(), current_cuda_stream(words.device())),
-               "rng_from_words");
   return outputs;
 }
 
@@ -214,6 +170,7 @@ struct ChainVerifyTensors {
   const at::Tensor& arrivals;
   const at::Tensor& output_token_ids;
   const at::Tensor& num_accepted;
+  int64_t num_splits;
 };
 
 bool is_probability_dtype(at::ScalarType dtype) {
@@ -276,19 +233,19 @@ void check_chain_verify_args(const ChainVerifyTensors& t) {
     same_device(*t.offset, "offset");
   }
 
-  const int64_t slot_words = chain_verify_slot_words(static_cast<int32_t>(max_drafts));
-  check_dtype(t.workspace, op, "workspace", at::kInt);
-  TORCH_CHECK_VALUE(t.workspace.dim() == 1 && t.workspace.is_contiguous() &&
-                        t.workspace.numel() >= batch_size * slot_words,
-                    "specdec_C::chain_verify: `workspace` must be a contiguous [N] tensor with N >= B * (10 + 5 * K) "
-                    "= ",
-                    batch_size * slot_words, ", got ", t.workspace.sizes());
+  const int64_t chunk_words = chain_verify_chunk_words(batch_size, vocab_size);
+  check_dtype(t.workspace, op, "workspace", at::kLong);
+  TORCH_CHECK_VALUE(t.workspace.dim() == 1 && t.workspace.is_contiguous() && t.workspace.numel() >= chunk_words,
+                    "specdec_C::chain_verify: `workspace` must be a contiguous [N] tensor with N >= "
+                    "3 * B * ceil(V / 1024) = ",
+                    chunk_words, ", got ", t.workspace.sizes());
   same_device(t.workspace, "workspace");
   check_dtype(t.arrivals, op, "arrivals", at::kInt);
-  TORCH_CHECK_VALUE(t.arrivals.dim() == 1 && t.arrivals.is_contiguous() && t.arrivals.numel() >= batch_size,
-                    "specdec_C::chain_verify: `arrivals` must be a contiguous [N] tensor with N >= B = ", batch_size,
-                    ", got ", t.arrivals.sizes());
+  TORCH_CHECK_VALUE(t.arrivals.dim() == 1 && t.arrivals.is_contiguous() && t.arrivals.numel() >= batch_size + 2,
+                    "specdec_C::chain_verify: `arrivals` must be a contiguous [N] tensor with N >= B + 2 = ",
+                    batch_size + 2, ", got ", t.arrivals.sizes());
   same_device(t.arrivals, "arrivals");
+  TORCH_CHECK_VALUE(t.num_splits >= 0, "specdec_C::chain_verify: `num_splits` must be >= 0, got ", t.num_splits);
   check_dtype(t.output_token_ids, op, "output_token_ids", at::kInt);
   TORCH_CHECK_VALUE(t.output_token_ids.dim() == 2 && t.output_token_ids.size(0) == batch_size &&
                         t.output_token_ids.size(1) == max_drafts + 1 &&
@@ -363,9 +320,10 @@ ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, bool logits,
   args.output_token_ids = t.output_token_ids.data_ptr<int32_t>();
   args.output_stride_b = t.output_token_ids.stride(0);
   args.num_accepted = t.num_accepted.data_ptr<int32_t>();
-  args.workspace = t.workspace.data_ptr<int32_t>();
+  args.workspace = t.workspace.data_ptr<int64_t>();
   args.workspace_words = t.workspace.numel();
-  args.arrivals = t.arrivals.data_ptr<int32_t>();
+  args.counters = t.arrivals.data_ptr<int32_t>();
+  args.requested_splits = t.num_splits;
   args.batch_size = inputs.target.size(0);
   args.max_drafts = static_cast<int32_t>(inputs.target.size(1) - 1);
   args.vocab_size = static_cast<int32_t>(inputs.target.size(2));
@@ -377,7 +335,7 @@ void chain_verify_meta(const at::Tensor& draft_token_ids, const at::Tensor& targ
                        const std::optional<at::Tensor>& temperature, bool logits, const std::optional<at::Tensor>& seed,
                        int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
                        const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
-                       const at::Tensor& num_accepted) {
+                       const at::Tensor& num_accepted, int64_t num_splits) {
   // Under dynamic shapes (torch.compile tracing with symbolic sizes) only
   // dtypes and ranks are known; sizes are checked by the real kernels.
   const auto symbolic = [](const at::Tensor& tensor) {
@@ -398,7 +356,7 @@ void chain_verify_meta(const at::Tensor& draft_token_ids, const at::Tensor& targ
     return;
   }
   check_chain_verify_args({draft_token_ids, target, draft, num_draft_tokens, temperature, seed, offset, workspace,
-                           arrivals, output_token_ids, num_accepted});
+                           arrivals, output_token_ids, num_accepted, num_splits});
 }
 
 void chain_verify_cpu(const at::Tensor& draft_token_ids, const at::Tensor& target,
@@ -406,9 +364,10 @@ void chain_verify_cpu(const at::Tensor& draft_token_ids, const at::Tensor& targe
                       const std::optional<at::Tensor>& temperature, bool logits, const std::optional<at::Tensor>& seed,
                       int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
                       const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
-                      const at::Tensor& num_accepted) {
-  const ChainVerifyTensors tensors = {draft_token_ids, target,   draft,    num_draft_tokens, temperature, seed,
-                                      offset,          workspace, arrivals, output_token_ids, num_accepted};
+                      const at::Tensor& num_accepted, int64_t num_splits) {
+  const ChainVerifyTensors tensors = {draft_token_ids, target,   draft,           num_draft_tokens,
+                                      temperature,     seed,     offset,          workspace,
+                                      arrivals,        output_token_ids, num_accepted, num_splits};
   check_chain_verify_args(tensors);
   const ChainVerifyInputs inputs = prepare_chain_verify(tensors, logits, seed_value, offset_value);
   const char* failure = chain_verify_host(inputs.args);
@@ -420,9 +379,10 @@ void chain_verify_cuda(const at::Tensor& draft_token_ids, const at::Tensor& targ
                        const std::optional<at::Tensor>& temperature, bool logits, const std::optional<at::Tensor>& seed,
                        int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
                        const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
-                       const at::Tensor& num_accepted) {
-  const ChainVerifyTensors tensors = {draft_token_ids, target,   draft,    num_draft_tokens, temperature, seed,
-                                      offset,          workspace, arrivals, output_token_ids, num_accepted};
+                       const at::Tensor& num_accepted, int64_t num_splits) {
+  const ChainVerifyTensors tensors = {draft_token_ids, target,   draft,           num_draft_tokens,
+                                      temperature,     seed,     offset,          workspace,
+                                      arrivals,        output_token_ids, num_accepted, num_splits};
   check_chain_verify_args(tensors);
   const c10::DeviceGuard device_guard(target.device());
   const ChainVerifyInputs inputs = prepare_chain_verify(tensors, logits, seed_value, offset_value);
@@ -440,40 +400,39 @@ TORCH_LIBRARY(specdec_C, m) {
   // position, index). `seed`: int64 [batch_size], one seed per request
   // (request word 0), or None: `seed_value` shared by the batch (request
   // word b). `offset`: int64 [] or [batch_size], or None: `offset_value`.
-  // Outputs: words int32 [B, P, I, 4], uniforms and exponentials float32
+  // Outputs: words int32 [B, P, I, 4] and uniforms (of word 0) float32
   // [B, P, I], with I = num_indices.
   m.def(
       "rng_fill(Tensor? seed, int seed_value, Tensor? offset, int offset_value, int batch_size, int stream, "
-      "Tensor positions, int num_indices) -> (Tensor words, Tensor uniforms, Tensor exponentials)");
-  // words int32 [..., 4] -> uniforms (of w0) and exponentials, float32 [...].
-  m.def("rng_from_words(Tensor words) -> (Tensor uniforms, Tensor exponentials)");
+      "Tensor positions, int num_indices) -> (Tensor words, Tensor uniforms)");
   // Fused chain verification (include/specdec/chain_verify.cuh): writes
   // output_token_ids int32 [B, K+1] and num_accepted int32 [B]. Arguments as
   // specdec::chain_verify, with seed/offset as in rng_fill; `workspace`
-  // int32 [N], N >= B * (10 + 5 * K) (more lets the vocabulary split over
-  // more blocks), contents need not be initialised; `arrivals` int32 [>= B],
-  // zero before the call and left zero after it.
+  // int64 [N], N >= 3 * B * ceil(V / 1024), contents need not be
+  // initialised (2 * B * (K + 1) more words per extra split let the
+  // vocabulary split over more blocks); `arrivals` int32 [>= B + 2], the
+  // counters: zero before the call and left zero after it, except the last,
+  // an error flag set when a bounded wait gave up. `num_splits`: blocks per
+  // request, 0 for the launcher's choice (tests force other counts).
   m.def(
       "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft, Tensor? num_draft_tokens, "
       "Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, int offset_value, "
-      "Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, Tensor(d!) num_accepted) -> ()");
+      "Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, Tensor(d!) num_accepted, "
+      "int num_splits=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, CPU, m) {
   m.impl("rng_fill", &specdec::rng_fill_cpu);
-  m.impl("rng_from_words", &specdec::rng_from_words_cpu);
   m.impl("chain_verify", &specdec::chain_verify_cpu);
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, CUDA, m) {
   m.impl("rng_fill", &specdec::rng_fill_cuda);
-  m.impl("rng_from_words", &specdec::rng_from_words_cuda);
   m.impl("chain_verify", &specdec::chain_verify_cuda);
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, Meta, m) {
   m.impl("rng_fill", &specdec::rng_fill_meta);
-  m.impl("rng_from_words", &specdec::rng_from_words_meta);
   m.impl("chain_verify", &specdec::chain_verify_meta);
 }
 

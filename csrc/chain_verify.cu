@@ -19,20 +19,14 @@
 namespace specdec {
 namespace {
 
-using chain_verify_detail::BFloat16;
-using chain_verify_detail::Float16;
-using chain_verify_detail::kElementsPerThread;
-using chain_verify_detail::kThreads;
-
-// Two blocks per SM per wave, as the Triton launcher: B = 1 with V = 128256
-// gives 126 one-tile blocks on an H200 (132 SMs); larger batches get fewer,
-// longer slices. A slice is a whole number of 1024-element tiles.
-constexpr int64_t kBlocksPerMultiprocessor = chain_verify_detail::kMinBlocksPerMultiprocessor;
-constexpr int32_t kDeviceTile = kThreads * kElementsPerThread;
-// The host path uses small slices so CPU tests with a few hundred tokens
-// still combine several splits.
+// Two blocks per SM per wave (the kernel's __launch_bounds__): B = 1 with
+// V = 128256 gives 126 one-chunk blocks on an H200 (132 SMs); larger batches
+// get fewer, longer slices, and one block per request once B >= 2 * SMs.
+constexpr int64_t kBlocksPerMultiprocessor = 2;
+// The host path splits a row over up to 8 blocks per batch, so CPU tests with
+// a few thousand tokens combine several slices (the op's `num_splits`
+// argument forces any other count).
 constexpr int64_t kHostTargetBlocks = 8;
-constexpr int32_t kHostTile = 32;
 constexpr int kMaxDevices = 64;
 
 cudaError_t multiprocessor_count(int* count) {
@@ -52,10 +46,6 @@ cudaError_t multiprocessor_count(int* count) {
     cache[device].store(*count, std::memory_order_relaxed);
   }
   return status;
-}
-
-int64_t num_blocks(const ChainVerifyArgs& args, const ChainVerifyPlan& plan) {
-  return (args.logits ? 2 : 1) * args.batch_size * plan.num_splits;
 }
 
 // Calls body(Prob{}, Token{}) with the storage types of the call.
@@ -119,16 +109,17 @@ class SpinBarrier {
 struct SimtState {
   SpinBarrier<kSimtThreads> block_barrier;
   SpinBarrier<kSimtLanes> warp_barriers[kSimtWarps];
-  uint32_t exchange[kSimtThreads][kSimtWordsPerValue];  // shuffles
+  uint32_t exchange[kSimtThreads][kSimtWordsPerValue];  // shuffles and scans
   uint32_t scratch[kSimtWarps][kSimtWordsPerValue];     // block reductions
+  uint64_t draws[kSimtThreads];
   int32_t broadcast = 0;
-  std::atomic<bool> wait_failed{false};
 };
 
-// The Block interface (chain_verify.cuh) on the host. Members are
+// The Block interface (block.cuh) on the host. Members are
 // SPECDEC_HOST_DEVICE only so that nvcc's device pass accepts the program's
 // instantiation with this type; their bodies exist on the host only.
 struct SimtHostBlock {
+  static constexpr int kThreads = kSimtThreads;
   SimtState* state;
   int tid;
 
@@ -138,6 +129,13 @@ struct SimtHostBlock {
   SPECDEC_HOST_DEVICE int num_warps() const { return kSimtWarps; }
   SPECDEC_HOST_DEVICE int lane() const { return tid % kSimtLanes; }
   SPECDEC_HOST_DEVICE int warp_size() const { return kSimtLanes; }
+  SPECDEC_HOST_DEVICE uint64_t* draws() const { return state->draws; }
+
+  SPECDEC_HOST_DEVICE void sync() const {
+#if !defined(__CUDA_ARCH__)
+    state->block_barrier.wait();
+#endif
+  }
 
   // Butterfly over the warp's lanes, as DeviceBlock::warp_all_reduce.
   template <class T, class Combine>
@@ -175,31 +173,67 @@ struct SimtHostBlock {
     return value;
   }
 
-  SPECDEC_HOST_DEVICE int32_t load_published(const int32_t* address) const { return *address; }
+  // Every thread publishes its value and sums those of the threads before it.
+  template <class T, class Add>
+  SPECDEC_HOST_DEVICE T block_exclusive_scan(T value, Add add, T zero, T* total) const {
+    T before = zero;
+#if !defined(__CUDA_ARCH__)
+    static_assert(sizeof(T) <= 4 * kSimtWordsPerValue, "value too large");
+    state->block_barrier.wait();
+    std::memcpy(state->exchange[tid], &value, sizeof(T));
+    state->block_barrier.wait();
+    T sum = zero;
+    for (int t = 0; t < kSimtThreads; ++t) {
+      T other;
+      std::memcpy(&other, state->exchange[t], sizeof(T));
+      if (t < tid) before = add(before, other);
+      sum = add(sum, other);
+    }
+    *total = sum;
+    state->block_barrier.wait();  // everyone has read `exchange` before its next use
+#endif
+    return before;
+  }
 
-  SPECDEC_HOST_DEVICE int32_t arrive(int32_t* counter) const {
+  SPECDEC_HOST_DEVICE int32_t load_published(const int32_t* address) const { return *address; }
+  SPECDEC_HOST_DEVICE int64_t load_published(const int64_t* address) const { return *address; }
+
+  // Thread 0 updates, every thread reads the result after a barrier.
+  template <class Update>
+  SPECDEC_HOST_DEVICE int32_t by_thread_zero(Update update) const {
 #if !defined(__CUDA_ARCH__)
     state->block_barrier.wait();
-    if (tid == 0) state->broadcast = (*counter)++;
+    if (tid == 0) state->broadcast = update();
     state->block_barrier.wait();
-    return state->broadcast;
-#else
-    return 0;
 #endif
+    return state->broadcast;
+  }
+
+  SPECDEC_HOST_DEVICE int32_t take_ticket(int32_t* counter, int32_t count) const {
+    return by_thread_zero([&] {
+      const int32_t ticket = (*counter)++;
+      if (ticket == count - 1) *counter = 0;
+      return ticket;
+    });
+  }
+
+  SPECDEC_HOST_DEVICE int32_t arrive(int32_t* counter) const {
+    return by_thread_zero([&] { return (*counter)++; });
   }
 
   SPECDEC_HOST_DEVICE void reset(int32_t* counter) const {
     if (tid == 0) *counter = 0;
   }
 
-  // Blocks run in id order, so every wave-1 block has arrived; anything else
-  // would be a wrong count and is reported.
-  SPECDEC_HOST_DEVICE bool wait_at_least(const int32_t* counter, int32_t count) const {
-#if !defined(__CUDA_ARCH__)
-    if (tid == 0 && *counter < count) state->wait_failed.store(true);
-    state->block_barrier.wait();
-#endif
-    return true;
+  // Blocks run one after another in ticket order, so every block waited on
+  // has finished; a short count is a broken invariant and is reported
+  // through the error flag, never waited for.
+  SPECDEC_HOST_DEVICE bool wait_at_least(const int32_t* counter, int32_t count, int32_t* error) const {
+    return by_thread_zero([&] {
+      const bool reached = *counter >= count;
+      if (!reached) *error |= 1;
+      return static_cast<int32_t>(reached);
+    }) != 0;
   }
 };
 
@@ -212,15 +246,14 @@ cudaError_t launch_chain_verify(const ChainVerifyArgs& args, cudaStream_t stream
   if (status != cudaSuccess) return status;
   ChainVerifyParams params;
   params.args = args;
-  params.plan = plan_chain_verify(args.batch_size, args.vocab_size, args.max_drafts, args.workspace_words,
-                                  kBlocksPerMultiprocessor * multiprocessors, kDeviceTile);
-  const int64_t blocks = num_blocks(args, params.plan);
+  params.plan = plan_chain_verify(args, kBlocksPerMultiprocessor * multiprocessors);
+  const int64_t blocks = chain_verify_num_blocks(args, params.plan);
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
   dispatch_dtypes(args, [&](auto prob, auto token) {
     using Prob = decltype(prob);
     using Token = decltype(token);
     chain_verify_detail::chain_verify_kernel<Prob, Token>
-        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+        <<<static_cast<unsigned>(blocks), DeviceBlock::kThreads, 0, stream>>>(params);
   });
   return cudaGetLastError();
 }
@@ -229,9 +262,9 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
   if (args.batch_size == 0) return nullptr;
   ChainVerifyParams params;
   params.args = args;
-  params.plan = plan_chain_verify(args.batch_size, args.vocab_size, args.max_drafts, args.workspace_words,
-                                  kHostTargetBlocks, kHostTile);
-  const int64_t blocks = num_blocks(args, params.plan);
+  params.plan = plan_chain_verify(args, kHostTargetBlocks);
+  const int64_t blocks = chain_verify_num_blocks(args, params.plan);
+  const int32_t error_before = args.counters[args.batch_size + 1];
   SimtState state;
   dispatch_dtypes(args, [&](auto prob, auto token) {
     using Prob = decltype(prob);
@@ -240,7 +273,7 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
     for (int tid = 0; tid < kSimtThreads; ++tid) {
       threads.emplace_back([&state, &params, blocks, tid] {
         const SimtHostBlock block = {&state, tid};
-        // Blocks in id order, as the GPU dispatches them: wave 1 before wave 2.
+        // Blocks one after another: with tickets, in ticket order.
         for (int64_t index = 0; index < blocks; ++index) {
           chain_verify_detail::chain_verify_block<SimtHostBlock, Prob, Token>(block, params, index);
           state.block_barrier.wait();
@@ -249,7 +282,7 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
     }
     for (std::thread& thread : threads) thread.join();
   });
-  return state.wait_failed.load() ? "a wave-2 block found its request's wave 1 incomplete" : nullptr;
+  return args.counters[args.batch_size + 1] != error_before ? "a block found the blocks it waits on incomplete" : nullptr;
 }
 
 }  // namespace specdec

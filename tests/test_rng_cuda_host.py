@@ -1,5 +1,9 @@
 """The CUDA twin of the RNG (csrc/include/specdec/rng.cuh) against specdec_kernels.rng, bit for bit.
 
+Philox words and the acceptance uniforms; the sampler uses the words
+themselves (csrc/include/specdec/sampling.cuh), so there is no other float
+transform to check.
+
 ``torch.ops.specdec_C.rng_fill`` on CPU tensors runs the same
 ``__host__ __device__`` functions as the GPU kernel, in a host loop, so these
 tests check the .cuh arithmetic on machines without a GPU; with a GPU the
@@ -38,16 +42,16 @@ def _rng_fill(seed, offset, batch_size, stream, positions, num_indices, device):
     offset_tensor, offset_value = (
         (offset.to(device), 0) if isinstance(offset, torch.Tensor) else (None, _wrap_int64(offset))
     )
-    words, uniforms, exponentials = torch.ops.specdec_C.rng_fill(
+    words, uniforms = torch.ops.specdec_C.rng_fill(
         seed_tensor, seed_value, offset_tensor, offset_value, batch_size, stream, positions.to(device), num_indices
     )
-    return words.cpu(), uniforms.cpu(), exponentials.cpu()
+    return words.cpu(), uniforms.cpu()
 
 
 def _reference(seed, offset, batch_size, stream, positions, num_indices):
     keys = rng.RequestKeys(seed, offset, batch_size, "cpu")
     words = keys.words(stream, positions.view(1, -1, 1), torch.arange(num_indices).view(1, 1, -1))
-    return words, rng.uniform_from_word(words[0]), rng.exponential_from_words(*words)
+    return words, rng.uniform_from_word(words[0])
 
 
 def _assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, what: str):
@@ -62,15 +66,14 @@ def _assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, what: st
 
 
 def _check_against_reference(seed, offset, batch_size, stream, positions, num_indices, device):
-    words, uniforms, exponentials = _rng_fill(seed, offset, batch_size, stream, positions, num_indices, device)
-    ref_words, ref_uniforms, ref_exponentials = _reference(seed, offset, batch_size, stream, positions, num_indices)
+    words, uniforms = _rng_fill(seed, offset, batch_size, stream, positions, num_indices, device)
+    ref_words, ref_uniforms = _reference(seed, offset, batch_size, stream, positions, num_indices)
     assert words.dtype == torch.int32 and words.shape == (batch_size, positions.numel(), num_indices, 4)
     unsigned = words.to(torch.int64) & 0xFFFFFFFF
     for j in range(4):
         _assert_bitwise_equal(unsigned[..., j], ref_words[j], f"word {j}")
     _assert_bitwise_equal(uniforms.view(torch.int32), ref_uniforms.view(torch.int32), "uniform bits")
-    _assert_bitwise_equal(exponentials.view(torch.int32), ref_exponentials.view(torch.int32), "exponential bits")
-    return words, uniforms, exponentials
+    return words, uniforms
 
 
 POSITIONS_EDGE = torch.tensor([0, 1, 2**24 - 1, 12345, 7], dtype=torch.int64)
@@ -121,9 +124,9 @@ def test_per_request_seed_is_independent_of_the_batch(device):
     seeds = torch.tensor([5, -3, 2**40 + 1, 5])
     offsets = torch.tensor([0, 2**32 + 1, 17, 0])
     positions = torch.arange(3)
-    words, _, _ = _rng_fill(seeds, offsets, 4, rng.SAMPLE_STREAM, positions, 64, device)
+    words, _ = _rng_fill(seeds, offsets, 4, rng.SAMPLE_STREAM, positions, 64, device)
     for b in range(4):
-        alone, _, _ = _rng_fill(seeds[b : b + 1], offsets[b : b + 1], 1, rng.SAMPLE_STREAM, positions, 64, device)
+        alone, _ = _rng_fill(seeds[b : b + 1], offsets[b : b + 1], 1, rng.SAMPLE_STREAM, positions, 64, device)
         assert torch.equal(words[b], alone[0])
     # Same seed and offset: same numbers, whatever the row.
     assert torch.equal(words[0], words[3])
@@ -132,77 +135,25 @@ def test_per_request_seed_is_independent_of_the_batch(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_shared_seed_rows_and_streams_differ(device):
     positions = torch.arange(2)
-    words, _, _ = _rng_fill(7, 0, 3, rng.ACCEPT_STREAM, positions, 32, device)
-    other_stream, _, _ = _rng_fill(7, 0, 3, rng.SAMPLE_STREAM, positions, 32, device)
+    words, _ = _rng_fill(7, 0, 3, rng.ACCEPT_STREAM, positions, 32, device)
+    other_stream, _ = _rng_fill(7, 0, 3, rng.SAMPLE_STREAM, positions, 32, device)
     assert not torch.equal(words[0], words[1])
     assert not (words == other_stream).all(dim=-1).any()
 
 
-def _special_words() -> torch.Tensor:
-    """Word quadruples reaching every branch of exponential_from_words, as int64 in [0, 2**32)."""
-    generator = torch.Generator().manual_seed(20261129)
-    random = torch.randint(0, 2**32, (20000, 4), generator=generator, dtype=torch.int64)
-    small = torch.randint(0, 256, (4000, 3), generator=generator, dtype=torch.int64)  # zero 24-bit chunks
-    rows = [random]
-    # z in [24, 48): w0's chunk is zero; z in [48, 72): w0's and w2's; z = 72: all three.
-    for zero_chunks in range(1, 4):
-        quad = random[:4000].clone()
-        quad[:, 0] = small[:, 0]
-        if zero_chunks >= 2:
-            quad[:, 2] = small[:, 1]
-        if zero_chunks >= 3:
-            quad[:, 3] = small[:, 2]
-        rows.append(quad)
-    # Each chunk with a single bit set: every leading-zero count.
-    bits = torch.tensor([1 << (8 + i) for i in range(24)], dtype=torch.int64)
-    for column in (0, 2, 3):
-        quad = torch.zeros(24, 4, dtype=torch.int64)
-        quad[:, column] = bits
-        rows += [quad, quad + torch.tensor([0, 1, 0, 0])]
-    # Mantissas around the log1p range-reduction thresholds (both tails) and at the ends.
-    sqrt2_m1 = round(0.4142135679721832 * 2**23)  # upper tail: x = mantissa * 2**-23
-    lower = round(0.17157287 * 2**23)  # lower tail, z = 0: h = (1 + m * 2**-23) / 4 near 1 - sqrt(1/2)
-    mantissas = torch.cat(
-        [
-            torch.arange(sqrt2_m1 - 64, sqrt2_m1 + 64),
-            torch.arange(lower - 64, lower + 64),
-            torch.tensor([0, 1, 2**22, 2**23 - 2, 2**23 - 1]),
-        ]
-    )
-    for parity in (0, 1):
-        for w0 in (0xFFFFFFFF, 0x80000000, 0x00000100):
-            quad = torch.zeros(mantissas.numel(), 4, dtype=torch.int64)
-            quad[:, 0] = w0
-            quad[:, 1] = (mantissas << 9) | parity
-            quad[:, 2] = 0x12345678
-            rows.append(quad)
-    rows.append(torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [0xFFFFFFFF] * 4, [0xFFFFFFFF, 0xFFFFFFFE, 0, 0]]))
-    return torch.cat(rows)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_rng_from_words_matches_reference_on_every_branch(device):
-    words = _special_words()
-    uniforms, exponentials = torch.ops.specdec_C.rng_from_words(words.to(torch.int32).to(device))
-    ref_uniforms = rng.uniform_from_word(words[:, 0])
-    ref_exponentials = rng.exponential_from_words(*words.unbind(-1))
-    _assert_bitwise_equal(uniforms.cpu().view(torch.int32), ref_uniforms.view(torch.int32), "uniform bits")
-    _assert_bitwise_equal(exponentials.cpu().view(torch.int32), ref_exponentials.view(torch.int32), "exponential bits")
-    assert torch.isfinite(exponentials).all() and (exponentials > 0).all()
-    # The all-zero chunks reach the top of the upper tail, 74 ln 2 = 51.3.
-    assert exponentials.max().item() > 51.0
-
-
-def test_rng_from_words_keeps_leading_shape():
-    words = torch.zeros(2, 3, 4, dtype=torch.int32)
-    uniforms, exponentials = torch.ops.specdec_C.rng_from_words(words)
-    assert uniforms.shape == exponentials.shape == (2, 3)
+def test_uniform_extremes():
+    """Words 0 and 2**32 - 1 give the smallest and largest uniforms, 2**-24 and 1 - 2**-24."""
+    positions = torch.arange(1)
+    _, uniforms = _rng_fill(0, 0, 1, rng.ACCEPT_STREAM, positions, 1, "cpu")
+    assert 0.0 < float(uniforms.min()) and float(uniforms.max()) < 1.0
+    words = torch.tensor([0, 2**32 - 1, 2**31], dtype=torch.int64)
+    assert rng.uniform_from_word(words).tolist() == [2.0**-24, 1 - 2.0**-24, 0.5 + 2.0**-24]
 
 
 def test_empty_sizes():
-    words, uniforms, exponentials = torch.ops.specdec_C.rng_fill(None, 1, None, 0, 0, 0, torch.arange(3), 5)
-    assert words.shape == (0, 3, 5, 4) and uniforms.shape == exponentials.shape == (0, 3, 5)
-    words, _, _ = torch.ops.specdec_C.rng_fill(None, 1, None, 0, 2, 0, torch.arange(3), 0)
+    words, uniforms = torch.ops.specdec_C.rng_fill(None, 1, None, 0, 0, 0, torch.arange(3), 5)
+    assert words.shape == (0, 3, 5, 4) and uniforms.shape == (0, 3, 5)
+    words, _ = torch.ops.specdec_C.rng_fill(None, 1, None, 0, 2, 0, torch.arange(3), 0)
     assert words.shape == (2, 3, 0, 4)
 
 
@@ -228,19 +179,11 @@ def test_rng_fill_rejects_bad_arguments(kwargs, error, message):
         )
 
 
-def test_rng_from_words_rejects_bad_arguments():
-    with pytest.raises(TypeError, match="`words` must be Int"):
-        torch.ops.specdec_C.rng_from_words(torch.zeros(3, 4, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"`words` must have shape \[\.\.\., 4\], got \[3, 5\]"):
-        torch.ops.specdec_C.rng_from_words(torch.zeros(3, 5, dtype=torch.int32))
-
-
 def test_opcheck():
     """Schema, Meta (fake) kernel and dispatcher registration are consistent."""
     positions = torch.arange(3)
     torch.library.opcheck(torch.ops.specdec_C.rng_fill.default, (torch.tensor([1, -2]), 0, None, 7, 2, 1, positions, 5))
     torch.library.opcheck(torch.ops.specdec_C.rng_fill.default, (None, 3, torch.tensor(2**33), 0, 2, 0, positions, 5))
-    torch.library.opcheck(torch.ops.specdec_C.rng_from_words.default, (torch.arange(24, dtype=torch.int32).view(2, 3, 4),))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
@@ -253,13 +196,11 @@ def test_cuda_graph_replay_reads_new_offsets():
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        words, _, exponentials = torch.ops.specdec_C.rng_fill(seeds, 0, offset, 0, 2, rng.SAMPLE_STREAM, positions, 256)
+        words, uniforms = torch.ops.specdec_C.rng_fill(seeds, 0, offset, 0, 2, rng.SAMPLE_STREAM, positions, 256)
     for step in (5, 2**32 + 1):
         offset.fill_(step)
         graph.replay()
         torch.cuda.synchronize()
-        ref_words, _, ref_exponentials = _reference(seeds.cpu(), step, 2, rng.SAMPLE_STREAM, positions.cpu(), 256)
+        ref_words, ref_uniforms = _reference(seeds.cpu(), step, 2, rng.SAMPLE_STREAM, positions.cpu(), 256)
         _assert_bitwise_equal(words.cpu().to(torch.int64)[..., 0] & 0xFFFFFFFF, ref_words[0], f"word 0, offset {step}")
-        _assert_bitwise_equal(
-            exponentials.cpu().view(torch.int32), ref_exponentials.view(torch.int32), f"exponential, offset {step}"
-        )
+        _assert_bitwise_equal(uniforms.cpu().view(torch.int32), ref_uniforms.view(torch.int32), f"uniform, offset {step}")

@@ -133,23 +133,48 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
     return output, num_accepted
 
 
+CUDA_CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py CHUNK_SIZE)
+CUDA_BLOCKS_PER_MULTIPROCESSOR = 2  # csrc/chain_verify.cu aims at two blocks per SM
+
+
+def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, device):
+    """Scratch the CUDA kernel needs for one call, as ``{name: (numel, dtype)}`` for ``_workspace.buffers``.
+
+    ``workspace`` (int64): three words per 1024-token chunk of every request
+    (chunk totals and candidates), then per-slice statistics, int32
+    ``[B, splits, K + 1, 4]``, for as many splits per request as the launcher
+    uses (about two blocks per SM on a GPU, up to 8 per batch on the host; a
+    smaller workspace only means fewer, longer slices). ``arrivals`` (int32
+    ``[B + 2]``): per-request arrival counters, the ticket counter and an
+    error flag, zero-initialised once; every call leaves the counters at zero.
+    ``logits`` does not change the sizes (greedy requests of a probability
+    call use the statistics too); it is part of the signature so callers can
+    reserve for exactly the call they will make.
+    """
+    del logits
+    num_chunks = max(1, _cdiv(vocab_size, CUDA_CHUNK_SIZE))
+    if torch.device(device).type == "cuda":
+        target_blocks = CUDA_BLOCKS_PER_MULTIPROCESSOR * _multiprocessor_count(torch.device(device))
+    else:
+        target_blocks = 8
+    splits = min(num_chunks, _cdiv(target_blocks, max(batch_size, 1)))
+    stats_words = _cdiv(max(batch_size, 1) * splits * 4 * rows_per_request, 2) if splits > 1 else 0
+    return {
+        "chain_verify_cuda.workspace": (3 * batch_size * num_chunks + stats_words, torch.int64),
+        "chain_verify_cuda.arrivals": (batch_size + 2, torch.int32),
+    }
+
+
 def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
                       seed_tensor, seed, offset_tensor, offset):
-    batch_size, rows_per_request, _ = target.shape
+    batch_size, rows_per_request, vocab_size = target.shape
     device = target.device
     output = torch.empty((batch_size, rows_per_request), dtype=torch.int32, device=device)
     num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
     if batch_size == 0:
         return output, num_accepted
-    # The CUDA launcher (csrc/chain_verify.cu) aims at two blocks per SM, so it
-    # uses at most B + 2 * SMs (request, slice) slots of 5 + 5 * (K + 1) int32
-    # words; a smaller workspace would only mean fewer, longer slices. The
-    # arrival counters are left at zero by every call (no memset launch).
-    slots = batch_size + 2 * _multiprocessor_count(device)
-    scratch = _workspace.buffers(device, {
-        "chain_verify_cuda.workspace": (slots * (5 + 5 * rows_per_request), torch.int32),
-        "chain_verify_cuda.arrivals": (batch_size, torch.int32),
-    })
+    scratch = _workspace.buffers(device, cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits,
+                                                              device))
     workspace, arrivals = scratch.values()
     torch.ops.specdec_C.chain_verify(
         draft_token_ids, target, draft, num_draft_tokens, temperature, logits,

@@ -13,6 +13,7 @@
 // C++ compiler).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -62,16 +63,12 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE uint32_t umulhi(uint32_t a, uint32_t b) 
 #endif
 }
 
-// Leading zero bits of a 32-bit word; 32 for 0.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int count_leading_zeros(uint32_t word) {
+// High 64 bits of the 128-bit product a * b.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE uint64_t umul64hi(uint64_t a, uint64_t b) {
 #if defined(__CUDA_ARCH__)
-  return __clz(static_cast<int>(word));
-#elif defined(__GNUC__) || defined(__clang__)
-  return word == 0 ? 32 : __builtin_clz(word);
+  return __umul64hi(a, b);
 #else
-  int zeros = 0;
-  for (uint32_t bit = 0x80000000u; bit != 0 && (word & bit) == 0; bit >>= 1) ++zeros;
-  return zeros;
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
 #endif
 }
 
@@ -92,6 +89,59 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE uint32_t float_as_bits(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
   return bits;
+#endif
+}
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float positive_infinity() { return bits_as_float(0x7F800000u); }
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float negative_infinity() { return bits_as_float(0xFF800000u); }
+
+// a / b, correctly rounded (the reference's float32 division).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float fdiv_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float exp_f32(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);  // the accurate expf (no --use_fast_math)
+#else
+  return std::exp(x);
+#endif
+}
+
+// 16-bit storage types (bit patterns; no cuda_fp16.h / cuda_bf16.h needed).
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Float16 {
+  uint16_t bits;
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float to_float(float value) { return value; }
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float to_float(BFloat16 value) {
+  return bits_as_float(static_cast<uint32_t>(value.bits) << 16);
+}
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float to_float(Float16 value) {
+#if defined(__CUDA_ARCH__)
+  float result;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(result) : "h"(value.bits));
+  return result;
+#else
+  // Exact: every half is a float.
+  const uint32_t sign = static_cast<uint32_t>(value.bits & 0x8000u) << 16;
+  const uint32_t exponent = (value.bits >> 10) & 0x1Fu;
+  const uint32_t mantissa = value.bits & 0x3FFu;
+  if (exponent == 0) {
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;  // zero or subnormal, exact
+    return bits_as_float(float_as_bits(magnitude) | sign);
+  }
+  if (exponent == 0x1F) return bits_as_float(sign | 0x7F800000u | (mantissa << 13));
+  return bits_as_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
 #endif
 }
 

@@ -1,8 +1,8 @@
 // Counter-based random numbers: the CUDA (and host C++) twin of
 // specdec_kernels/rng.py, whose docstring holds the bit layout and the
 // reasoning; kernels/rng.py is the Triton twin. All three produce the same
-// 32-bit words and, from them, the same float32 uniforms and exponentials,
-// bit for bit.
+// 32-bit words and, from them, the same float32 uniforms, bit for bit (the
+// sampler, sampling.cuh, uses the words themselves).
 //
 // Every function is SPECDEC_HOST_DEVICE: the GPU kernels and the host
 // loop in csrc/rng.cu (rng_fill_host, the CPU implementation of
@@ -106,58 +106,6 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float uniform_from_word(uint32_t word) {
   return fmul_rn(static_cast<float>(odd), 0x1p-24f);
 }
 
-// Leading zeros of a nonzero 24-bit chunk.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int leading_zeros_24(uint32_t chunk) {
-  return count_leading_zeros(chunk) - 8;
-}
-
-// log1p(x) = k * ln2 + poly for x in (-1/2, 1): returns poly, sets k in
-// {-1, 0, 1}. Constants are the float32 values of LOG1P_COEFFS, LN2,
-// SQRT2_MINUS_1 and SQRT_HALF_MINUS_1 in specdec_kernels/rng.py; Horner's
-// rule from the highest order down, each multiply and add rounded.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float log1p_reduced(float x, int* k) {
-  const bool high = x > 0.4142135679721832f;
-  const bool low = x < -0.29289323091506958f;
-  // Exact for the inputs built by exponential_from_words.
-  const float y = high ? fmul_rn(fsub_rn(x, 1.0f), 0.5f) : (low ? fadd_rn(fmul_rn(x, 2.0f), 1.0f) : x);
-  *k = static_cast<int>(high) - static_cast<int>(low);
-  float acc = -0.07638592272996902f;
-  acc = fadd_rn(fmul_rn(acc, y), 0.129141703248024f);
-  acc = fadd_rn(fmul_rn(acc, y), -0.13240842521190643f);
-  acc = fadd_rn(fmul_rn(acc, y), 0.14180079102516174f);
-  acc = fadd_rn(fmul_rn(acc, y), -0.16609126329421997f);
-  acc = fadd_rn(fmul_rn(acc, y), 0.2000207155942917f);
-  acc = fadd_rn(fmul_rn(acc, y), -0.25001585483551025f);
-  acc = fadd_rn(fmul_rn(acc, y), 0.33333325386047363f);
-  acc = fadd_rn(fmul_rn(acc, y), -0.49999988079071045f);
-  acc = fadd_rn(fmul_rn(acc, y), 1.0f);
-  return fmul_rn(y, acc);
-}
-
-// float32 standard exponential with both tails resolved (see the
-// "From words to numbers" section of specdec_kernels/rng.py).
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float exponential_from_words(uint32_t w0, uint32_t w1, uint32_t w2,
-                                                                     uint32_t w3) {
-  const uint32_t a0 = w0 >> 8;
-  const uint32_t a1 = w2 >> 8;
-  const uint32_t a2 = w3 >> 8;
-  const int z = a0 != 0   ? leading_zeros_24(a0)
-                : a1 != 0 ? 24 + leading_zeros_24(a1)
-                : a2 != 0 ? 48 + leading_zeros_24(a2)
-                          : 72;
-  const uint32_t mantissa = w1 >> 9;
-  const bool upper_tail = (w1 & 1u) == 0;
-  // h = 2**-(z+2) * (1 + mantissa * 2**-23), uniform on (0, 1/2).
-  const float h = bits_as_float((static_cast<uint32_t>(125 - z) << 23) | mantissa);
-  // upper tail: -log(h) = (z + 2) ln2 - log1p(f); lower tail: -log1p(-h).
-  const float fraction = fmul_rn(static_cast<float>(mantissa), 0x1p-23f);  // exact
-  const float x = upper_tail ? fraction : -h;
-  int k;
-  const float poly = log1p_reduced(x, &k);
-  const int n = (upper_tail ? z + 2 : 0) - k;
-  return fsub_rn(fmul_rn(static_cast<float>(n), 0.6931471824645996f), poly);
-}
-
 // ---------------------------------------------------------------------------
 // Diagnostic ops (csrc/rng.cu). Tensors are raw contiguous pointers.
 // Launchers return the launch status (cudaGetLastError) and never
@@ -165,24 +113,14 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float exponential_from_words(uint32_t w0
 
 // For every request b < batch_size, position p < num_positions and index
 // i < num_indices (row-major [B, P, I]), the Philox words of
-// (b, rng_stream, positions[p], i): words[(b, p, i), 0..3] (uint32 bits),
-// uniforms[b, p, i] = uniform_from_word(w0) and
-// exponentials[b, p, i] = exponential_from_words(w0, w1, w2, w3).
+// (b, rng_stream, positions[p], i): words[(b, p, i), 0..3] (uint32 bits) and
+// uniforms[b, p, i] = uniform_from_word(w0).
 cudaError_t launch_rng_fill(const RngArgs& rng, int64_t batch_size, uint32_t rng_stream,
                             const int64_t* positions, int64_t num_positions, int64_t num_indices,
-                            uint32_t* words, float* uniforms, float* exponentials, cudaStream_t cuda_stream);
+                            uint32_t* words, float* uniforms, cudaStream_t cuda_stream);
 
 // The same on the host (pointers to host memory), one element after another.
 void rng_fill_host(const RngArgs& rng, int64_t batch_size, uint32_t rng_stream, const int64_t* positions,
-                   int64_t num_positions, int64_t num_indices, uint32_t* words, float* uniforms,
-                   float* exponentials);
-
-// For n given word quadruples words[n, 4]: uniforms[n] (of w0) and
-// exponentials[n]. Lets tests reach the branches that Philox output hits
-// with probability 2**-24 or less (a zero 24-bit chunk).
-cudaError_t launch_rng_from_words(const uint32_t* words, int64_t n, float* uniforms, float* exponentials,
-                                  cudaStream_t cuda_stream);
-
-void rng_from_words_host(const uint32_t* words, int64_t n, float* uniforms, float* exponentials);
+                   int64_t num_positions, int64_t num_indices, uint32_t* words, float* uniforms);
 
 }  // namespace specdec

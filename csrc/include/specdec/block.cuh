@@ -1,0 +1,220 @@
+// The "block" a block program is written against, and its device side.
+//
+// Kernels that must be checked bit for bit on machines without a GPU are
+// written once as a block program templated on a Block type:
+// DeviceBlock below runs it in a kernel (8 warps of 32 lanes);
+// csrc/chain_verify.cu emulates a block on the host with std::threads (2
+// warps of 4 lanes) and barriers. A Block provides:
+//
+//   kThreads (static), thread(), num_threads(), warp(), num_warps(), lane(),
+//   warp_size();
+//   sync()                                   a block barrier;
+//   warp_all_reduce(v, op), block_all_reduce(v, op)
+//                                            every lane / thread gets the result;
+//   block_exclusive_scan(v, add, zero, &total)
+//                                            exclusive prefix in thread order,
+//                                            and the block total, to every thread;
+//   draws()                                  kThreads uint64 words of shared memory;
+//   load_published(p)                        a word another block released (int32, int64);
+//   take_ticket(counter, count)              a launch-wide order of block starts;
+//   arrive(counter)                          release, count in, acquire; the count before;
+//   reset(counter)                           back to zero (the last arrival only);
+//   wait_at_least(counter, count, error)     bounded acquire-spin; false (and *error set)
+//                                            when the bound is hit.
+//
+// Every member is called by all threads of the block in uniform control
+// flow (warp members: by all lanes of a warp).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "specdec/common.cuh"
+
+// `#pragma unroll` for nvcc only (a plain C++ compiler warns about it).
+#if defined(__CUDACC__)
+#define SPECDEC_UNROLL _Pragma("unroll")
+#else
+#define SPECDEC_UNROLL
+#endif
+
+namespace specdec {
+
+#if defined(__CUDACC__)
+struct DeviceBlock {
+  static constexpr int kThreads = 256;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kScratchWordsPerWarp = 8;  // largest reduced or scanned value: 32 bytes
+  // A waiting block sleeps ~256 ns per turn: the cap is about a second, far
+  // beyond any wait on a running block, so hitting it means a broken
+  // invariant (or garbage counters), which is reported instead of hanging.
+  static constexpr int64_t kMaxSpins = int64_t{1} << 22;
+
+  struct Shared {
+    uint64_t draws[kThreads];
+    uint32_t scratch[kWarps * kScratchWordsPerWarp];
+    int32_t broadcast;
+  };
+  Shared* shared;
+
+  __device__ __forceinline__ int thread() const { return static_cast<int>(threadIdx.x); }
+  __device__ __forceinline__ int num_threads() const { return kThreads; }
+  __device__ __forceinline__ int warp() const { return static_cast<int>(threadIdx.x) / 32; }
+  __device__ __forceinline__ int num_warps() const { return kWarps; }
+  __device__ __forceinline__ int lane() const { return static_cast<int>(threadIdx.x) % 32; }
+  __device__ __forceinline__ int warp_size() const { return 32; }
+  __device__ __forceinline__ void sync() const { __syncthreads(); }
+  __device__ __forceinline__ uint64_t* draws() const { return shared->draws; }
+
+  template <class T>
+  __device__ __forceinline__ static T shuffle_xor(T value, int lane_mask) {
+    static_assert(sizeof(T) % 4 == 0, "shuffled values are whole 32-bit words");
+    uint32_t words[sizeof(T) / 4];
+    memcpy(words, &value, sizeof(T));
+    SPECDEC_UNROLL
+    for (int k = 0; k < static_cast<int>(sizeof(T) / 4); ++k) {
+      words[k] = __shfl_xor_sync(0xFFFFFFFFu, words[k], lane_mask);
+    }
+    memcpy(&value, words, sizeof(T));
+    return value;
+  }
+
+  template <class T>
+  __device__ __forceinline__ static T shuffle_up(T value, int delta) {
+    static_assert(sizeof(T) % 4 == 0, "shuffled values are whole 32-bit words");
+    uint32_t words[sizeof(T) / 4];
+    memcpy(words, &value, sizeof(T));
+    SPECDEC_UNROLL
+    for (int k = 0; k < static_cast<int>(sizeof(T) / 4); ++k) {
+      words[k] = __shfl_up_sync(0xFFFFFFFFu, words[k], delta);
+    }
+    memcpy(&value, words, sizeof(T));
+    return value;
+  }
+
+  // Butterfly: every lane ends with the same bits (commutative combines).
+  template <class T, class Combine>
+  __device__ __forceinline__ T warp_all_reduce(T value, Combine combine) const {
+    SPECDEC_UNROLL
+    for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) {
+      value = combine(value, shuffle_xor(value, lane_mask));
+    }
+    return value;
+  }
+
+  // Each thread folds the kWarps warp results in the same order.
+  template <class T, class Combine>
+  __device__ __forceinline__ T block_all_reduce(T value, Combine combine) const {
+    static_assert(sizeof(T) <= 4 * kScratchWordsPerWarp, "value too large for the scratch");
+    value = warp_all_reduce(value, combine);
+    __syncthreads();  // the previous use of the scratch is over
+    if (lane() == 0) memcpy(shared->scratch + warp() * kScratchWordsPerWarp, &value, sizeof(T));
+    __syncthreads();
+    T result;
+    memcpy(&result, shared->scratch, sizeof(T));
+    SPECDEC_UNROLL
+    for (int w = 1; w < kWarps; ++w) {
+      T other;
+      memcpy(&other, shared->scratch + w * kScratchWordsPerWarp, sizeof(T));
+      result = combine(result, other);
+    }
+    return result;
+  }
+
+  // Kogge-Stone within the warp, then the warp totals through shared memory.
+  template <class T, class Add>
+  __device__ __forceinline__ T block_exclusive_scan(T value, Add add, T zero, T* total) const {
+    static_assert(sizeof(T) <= 4 * kScratchWordsPerWarp, "value too large for the scratch");
+    T inclusive = value;
+    SPECDEC_UNROLL
+    for (int delta = 1; delta < 32; delta <<= 1) {
+      const T other = shuffle_up(inclusive, delta);
+      if (lane() >= delta) inclusive = add(other, inclusive);
+    }
+    T exclusive = shuffle_up(inclusive, 1);
+    if (lane() == 0) exclusive = zero;
+    __syncthreads();  // the previous use of the scratch is over
+    if (lane() == 31) memcpy(shared->scratch + warp() * kScratchWordsPerWarp, &inclusive, sizeof(T));
+    __syncthreads();
+    T before = zero;
+    T sum = zero;
+    SPECDEC_UNROLL
+    for (int w = 0; w < kWarps; ++w) {
+      T other;
+      memcpy(&other, shared->scratch + w * kScratchWordsPerWarp, sizeof(T));
+      if (w < warp()) before = add(before, other);
+      sum = add(sum, other);
+    }
+    *total = sum;
+    return add(before, exclusive);
+  }
+
+  // Results other blocks published: read from L2, never a stale L1 line.
+  __device__ __forceinline__ int32_t load_published(const int32_t* address) const { return __ldcg(address); }
+  __device__ __forceinline__ int64_t load_published(const int64_t* address) const {
+    return static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(address)));
+  }
+
+  // Thread 0 takes the next ticket; every thread gets it. Blocks are not
+  // dispatched in id order in general (several streams, MPS, preemption),
+  // but a block holding a ticket has started: waiting only on blocks with
+  // lower tickets never waits on a block that is not resident. The block
+  // with the last ticket resets the counter: every ticket is taken by then.
+  __device__ __forceinline__ int32_t take_ticket(int32_t* counter, int32_t count) const {
+    __syncthreads();  // the previous use of `broadcast` is over
+    if (thread() == 0) {
+      const int32_t ticket = atomicAdd(counter, 1);
+      if (ticket == count - 1) atomicExch(counter, 0);
+      shared->broadcast = ticket;
+    }
+    __syncthreads();
+    return shared->broadcast;
+  }
+
+  // Release this block's writes and count it in; every thread gets the count
+  // before the arrival. __syncthreads orders the block's writes before
+  // thread 0's fence (the release); the fence after the atomic is the
+  // acquire, so the last block's later reads see what earlier blocks
+  // released (CUDA's threadFenceReduction pattern).
+  __device__ __forceinline__ int32_t arrive(int32_t* counter) const {
+    __syncthreads();
+    if (thread() == 0) {
+      __threadfence();
+      const int32_t before = atomicAdd(counter, 1);
+      __threadfence();
+      shared->broadcast = before;
+    }
+    __syncthreads();
+    return shared->broadcast;
+  }
+
+  __device__ __forceinline__ void reset(int32_t* counter) const {
+    if (thread() == 0) atomicExch(counter, 0);
+  }
+
+  // Thread 0 spins on an acquire load (bounded); the barrier passes the
+  // acquired view on to the block.
+  __device__ __forceinline__ bool wait_at_least(const int32_t* counter, int32_t count, int32_t* error) const {
+    __syncthreads();  // the previous use of `broadcast` is over
+    if (thread() == 0) {
+      int32_t reached = 0;
+      for (int64_t spin = 0; spin < kMaxSpins; ++spin) {
+        int32_t seen;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+        if (seen >= count) {
+          reached = 1;
+          break;
+        }
+        __nanosleep(256);
+      }
+      if (!reached) atomicOr(error, 1);
+      __threadfence();
+      shared->broadcast = reached;
+    }
+    __syncthreads();
+    return shared->broadcast != 0;
+  }
+};
+#endif  // __CUDACC__
+
+}  // namespace specdec

@@ -1,0 +1,300 @@
+// chain_verify, the combine: decisions from several slices' results (logits
+// wave 2, greedy), the one-block walks over rows, the last arrival's chunk
+// choice and outputs, and the block program that ties the roles together.
+// Design and workspace layout: chain_verify.cuh.
+#pragma once
+
+#include <cstdint>
+
+#include "specdec/chain_verify_pass.cuh"
+
+namespace specdec {
+namespace chain_verify_detail {
+
+// Softmax statistics of a whole row from every slice: the lanes of one warp
+// take the splits, then a warp all-reduce. The same tree in every warp and
+// every block, so every block gets the same bits.
+template <class Block>
+SPECDEC_HOST_DEVICE SoftmaxStats merged_stats(const Block& block, const StatSlots& slots, int64_t num_splits,
+                                              int64_t row, int64_t max_field, float temperature) {
+  SoftmaxStats stats = empty_stats();
+  for (int64_t split = block.lane(); split < num_splits; split += block.warp_size()) {
+    const SoftmaxStats other = {word_as_float(block.load_published(slots.field(split, row, max_field))),
+                                word_as_float(block.load_published(slots.field(split, row, max_field + 1)))};
+    stats = MergeStats{temperature}(stats, other);
+  }
+  return block.warp_all_reduce(stats, MergeStats{temperature});
+}
+
+// Argmax of a whole target row from every slice (one warp).
+template <class Block>
+SPECDEC_HOST_DEVICE ArgBest merged_argmax(const Block& block, const StatSlots& slots, int64_t num_splits,
+                                          int64_t row) {
+  ArgBest best = empty_argmax();
+  for (int64_t split = block.lane(); split < num_splits; split += block.warp_size()) {
+    const ArgBest other = {word_as_float(block.load_published(slots.field(split, row, kArgMaxValue))),
+                           block.load_published(slots.field(split, row, kArgMaxIndex))};
+    best = MaxValue()(best, other);
+  }
+  return block.warp_all_reduce(best, MaxValue());
+}
+
+// A greedy request accepts position i iff its draft is the argmax of row i
+// (the greedy token is -1 or a valid id, so an invalid draft never matches).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool greedy_accepts(int64_t draft_token, int64_t greedy) {
+  return greedy >= 0 && draft_token == greedy;
+}
+
+template <class Prob, class Token>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool logits_accepts(const Request<Prob, Token>& request,
+                                                            const RequestKey& key, int64_t position,
+                                                            const StatsPair& stats) {
+  const int64_t token_id = request.token(position);
+  if (!request.valid(token_id)) return false;
+  const float target_prob = softmax_prob(to_float(request.target_row(position)[token_id]), stats.target,
+                                         request.temperature);
+  const float draft_prob = request.draft == nullptr
+                               ? 1.0f
+                               : softmax_prob(to_float(request.draft_row(position)[token_id]), stats.draft,
+                                              request.temperature);
+  const float uniform = uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(position), 0u).w0);
+  return accept(uniform, draft_prob, target_prob);
+}
+
+// Logits, several splits (wave 2): warp w tests positions w, w + num_warps,
+// ... from the merged statistics (all lanes compute the same test).
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE int64_t decide_logits_from_slots(const Block& block, const Request<Prob, Token>& request,
+                                                     const RequestKey& key, const StatSlots& slots,
+                                                     int64_t num_splits) {
+  int64_t stop = request.num_drafts;
+  for (int64_t position = block.warp(); position < request.num_drafts; position += block.num_warps()) {
+    StatsPair stats = {merged_stats(block, slots, num_splits, position, kTargetMax, request.temperature),
+                       empty_stats()};
+    if (request.draft != nullptr) {
+      stats.draft = merged_stats(block, slots, num_splits, position, kDraftMax, request.temperature);
+    }
+    if (!logits_accepts(request, key, position, stats)) stop = MinInt64()(stop, position);
+  }
+  return block.block_all_reduce(stop, MinInt64());
+}
+
+struct Decision {
+  int64_t stop;
+  StatsPair stats;  // logits: of row `stop` (the draft's only when stop < n)
+};
+
+// Logits, one split: statistics of row i, test i, next row; reads target
+// rows 0..stop and draft rows 0..min(stop, n - 1).
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE Decision walk_logits(const Block& block, const Request<Prob, Token>& request,
+                                         const RequestKey& key) {
+  for (int64_t row = 0;; ++row) {
+    const bool with_draft = request.draft != nullptr && row < request.num_drafts;
+    const StatsPair stats = slice_stats(block, request.target_row(row), with_draft ? request.draft_row(row) : nullptr,
+                                        0, request.vocab_size, request.temperature);
+    if (row == request.num_drafts || !logits_accepts(request, key, row, stats)) return {row, stats};
+  }
+}
+
+struct Outcome {
+  int64_t stop;
+  int64_t token;
+};
+
+// Greedy, one split: argmax of row i, test i, next row; reads rows 0..stop.
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE Outcome walk_greedy(const Block& block, const Request<Prob, Token>& request, bool logits) {
+  for (int64_t row = 0;; ++row) {
+    const int64_t token = greedy_token(slice_argmax(block, request.target_row(row), 0, request.vocab_size), logits);
+    if (row == request.num_drafts || !greedy_accepts(request.token(row), token)) return {row, token};
+  }
+}
+
+// Greedy, several splits (the last arrival): warp w tests positions w,
+// w + num_warps, ...; then the argmax of the stop row.
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE Outcome finish_greedy(const Block& block, const Request<Prob, Token>& request, bool logits,
+                                          const StatSlots& slots, int64_t num_splits) {
+  int64_t stop = request.num_drafts;
+  for (int64_t position = block.warp(); position < request.num_drafts; position += block.num_warps()) {
+    const int64_t token = greedy_token(merged_argmax(block, slots, num_splits, position), logits);
+    if (!greedy_accepts(request.token(position), token)) stop = MinInt64()(stop, position);
+  }
+  stop = block.block_all_reduce(stop, MinInt64());
+  return {stop, greedy_token(merged_argmax(block, slots, num_splits, stop), logits)};  // every warp, same bits
+}
+
+struct TotalPair {
+  Words128 way0, way1;
+};
+
+struct AddTotalPair {
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE TotalPair operator()(TotalPair a, TotalPair b) const {
+    return {AddWords128()(a.way0, b.way0), AddWords128()(a.way1, b.way1)};
+  }
+};
+
+// The last arrival of a sampled request: the residual's row total (and p's,
+// after a rejection), the fallback to p when the residual has no mass, then
+// the chunk by its prefix and that chunk's candidate; -1 without mass.
+template <class Block>
+SPECDEC_HOST_DEVICE int64_t finish_sampled(const Block& block, const ChunkSlots& slots, int64_t num_chunks,
+                                           bool subtract, const RequestKey& key, uint32_t position) {
+  uint128_t way0 = 0;
+  uint128_t way1 = 0;
+  for (int64_t chunk = block.thread(); chunk < num_chunks; chunk += block.num_threads()) {
+    way0 += static_cast<uint64_t>(block.load_published(slots.total(chunk, 0)));
+    if (subtract) way1 += static_cast<uint64_t>(block.load_published(slots.total(chunk, 1)));
+  }
+  const TotalPair totals = block.block_all_reduce(TotalPair{split128(way0), split128(way1)}, AddTotalPair());
+  const int way = subtract && join128(totals.way0) == 0 ? 1 : 0;
+  const uint128_t total = join128(way == 0 ? totals.way0 : totals.way1);
+  if (total == 0) return -1;
+  const int64_t chunk =
+      choose_chunk(block, num_chunks, total, choice_draw(key, position),
+                   [&](int64_t c) { return static_cast<uint64_t>(block.load_published(slots.total(c, way))); });
+  return block.load_published(slots.candidate(chunk, way));
+}
+
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE void write_outputs(const Block& block, const Request<Prob, Token>& request, int64_t max_drafts,
+                                       Outcome outcome, int32_t* output_row, int32_t* num_accepted) {
+  for (int64_t position = block.thread(); position <= max_drafts; position += block.num_threads()) {
+    output_row[position] = position < outcome.stop ? static_cast<int32_t>(request.token(position))
+                                                   : (position == outcome.stop ? static_cast<int32_t>(outcome.token) : -1);
+  }
+  if (block.thread() == 0) *num_accepted = static_cast<int32_t>(outcome.stop);
+}
+
+// One block: its role (wave, request, split) from its linear id, or from a
+// ticket when some blocks wait on others (chain_verify.cuh, "Waiting").
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerifyParams& params,
+                                            int64_t block_index) {
+  const ChainVerifyArgs& args = params.args;
+  const ChainVerifyPlan& plan = params.plan;
+  const int64_t num_splits = plan.num_splits;
+  const int64_t blocks_per_wave = args.batch_size * num_splits;
+  int32_t* counters = args.counters;
+  const int64_t role = plan.two_waves
+                           ? block.take_ticket(counters + args.batch_size, static_cast<int32_t>(2 * blocks_per_wave))
+                           : block_index;
+  const int64_t wave = role / blocks_per_wave;
+  const int64_t b = (role - wave * blocks_per_wave) / num_splits;
+  const int64_t split = role - wave * blocks_per_wave - b * num_splits;
+  const int64_t chunk_lo = split * plan.chunks_per_split;
+  const int64_t chunk_end = chunk_lo + plan.chunks_per_split;
+  const int64_t chunk_hi = chunk_end < plan.num_chunks ? chunk_end : plan.num_chunks;
+  const int64_t vocab_lo = chunk_lo * kChunkSize;
+  const int64_t vocab_end = chunk_hi * kChunkSize;
+  const int64_t vocab_hi = vocab_end < args.vocab_size ? vocab_end : args.vocab_size;
+  const int64_t max_drafts = args.max_drafts;
+
+  Request<Prob, Token> request;
+  request.ids = static_cast<const Token*>(args.draft_token_ids) + b * args.ids_stride_b;
+  request.ids_stride = args.ids_stride_k;
+  request.target = static_cast<const Prob*>(args.target) + b * args.target_stride_b;
+  request.target_stride = args.target_stride_k;
+  request.draft = args.draft == nullptr ? nullptr : static_cast<const Prob*>(args.draft) + b * args.draft_stride_b;
+  request.draft_stride = args.draft_stride_k;
+  const float temperature = args.temperature == nullptr ? 1.0f : args.temperature[b];
+  request.greedy = temperature == 0.0f;
+  request.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
+  int64_t num_drafts = args.num_draft_tokens == nullptr ? max_drafts : args.num_draft_tokens[b];
+  num_drafts = num_drafts < 0 ? 0 : (num_drafts > max_drafts ? max_drafts : num_drafts);
+  request.num_drafts = num_drafts;
+  request.vocab_size = args.vocab_size;
+
+  const ChunkSlots chunk_slots = {args.workspace + 3 * b * plan.num_chunks};
+  const int64_t stats_words = chain_verify_stats_words(max_drafts);
+  const StatSlots stat_slots = {
+      reinterpret_cast<int32_t*>(args.workspace + chain_verify_chunk_words(args.batch_size, args.vocab_size)) +
+          b * num_splits * stats_words,
+      stats_words};
+  int32_t* arrivals = counters + b;
+  int32_t* error = counters + args.batch_size + 1;
+  const int32_t arrivals_per_call = static_cast<int32_t>((plan.two_waves ? 2 : 1) * num_splits);
+  int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
+
+  if (request.greedy) {
+    if (num_splits == 1) {
+      write_outputs(block, request, max_drafts, walk_greedy(block, request, args.logits), output_row,
+                    args.num_accepted + b);
+      return;
+    }
+    if (wave == 0) {
+      for (int64_t row = 0; row <= num_drafts; ++row) {
+        const ArgBest best = slice_argmax(block, request.target_row(row), vocab_lo, vocab_hi);
+        if (block.thread() == 0) {
+          *stat_slots.field(split, row, kArgMaxValue) = float_as_word(best.value);
+          *stat_slots.field(split, row, kArgMaxIndex) = best.index;
+        }
+      }
+    }
+    if (block.arrive(arrivals) != arrivals_per_call - 1) return;
+    block.reset(arrivals);  // last arrival of this call: nobody reads the counter any more
+    write_outputs(block, request, max_drafts, finish_greedy(block, request, args.logits, stat_slots, num_splits),
+                  output_row, args.num_accepted + b);
+    return;
+  }
+
+  if (plan.two_waves && wave == 0) {
+    for (int64_t row = 0; row <= num_drafts; ++row) {
+      const bool with_draft = request.draft != nullptr && row < num_drafts;
+      const StatsPair stats = slice_stats(block, request.target_row(row), with_draft ? request.draft_row(row) : nullptr,
+                                          vocab_lo, vocab_hi, request.temperature);
+      if (block.thread() == 0) {
+        *stat_slots.field(split, row, kTargetMax) = float_as_word(stats.target.max);
+        *stat_slots.field(split, row, kTargetSum) = float_as_word(stats.target.sum);
+        *stat_slots.field(split, row, kDraftMax) = float_as_word(stats.draft.max);
+        *stat_slots.field(split, row, kDraftSum) = float_as_word(stats.draft.sum);
+      }
+    }
+    block.arrive(arrivals);  // never the last: wave 2 arrives after all of wave 1
+    return;
+  }
+
+  const RequestKey key = load_request_key(args.rng, b);
+  Decision decision = {num_drafts, {empty_stats(), empty_stats()}};
+  if (!args.logits) {
+    decision.stop = decide_probabilities(block, request, key);
+  } else if (num_splits == 1) {
+    decision = walk_logits(block, request, key);
+  } else {
+    // Wave 1's statistics: a failed (bounded) wait has set the error flag;
+    // the block goes on with whatever it reads rather than hang.
+    block.wait_at_least(arrivals, static_cast<int32_t>(num_splits), error);
+    decision.stop = decide_logits_from_slots(block, request, key, stat_slots, num_splits);
+    decision.stats.target = merged_stats(block, stat_slots, num_splits, decision.stop, kTargetMax, request.temperature);
+    if (request.draft != nullptr && decision.stop < num_drafts) {
+      decision.stats.draft = merged_stats(block, stat_slots, num_splits, decision.stop, kDraftMax, request.temperature);
+    }
+  }
+  const int64_t stop = decision.stop;
+  // After the rejection of a valid id the emitted token comes from the
+  // residual; otherwise (bonus row, invalid id) from p.
+  const int64_t stop_token = stop < num_drafts ? request.token(stop) : -1;
+  const bool subtract = stop < num_drafts && request.valid(stop_token);
+  SampleRow<Prob> row;
+  row.target = request.target_row(stop);
+  row.draft = subtract && request.draft != nullptr ? request.draft_row(stop) : nullptr;
+  row.stop_token = subtract && request.draft == nullptr ? stop_token : -1;
+  row.position = static_cast<uint32_t>(stop);
+  row.logits = args.logits;
+  row.temperature = request.temperature;
+  row.target_stats = decision.stats.target;
+  row.draft_stats = decision.stats.draft;
+  if (subtract) {
+    sample_slice<2>(block, row, key, args.vocab_size, chunk_lo, chunk_hi, chunk_slots);
+  } else {
+    sample_slice<1>(block, row, key, args.vocab_size, chunk_lo, chunk_hi, chunk_slots);
+  }
+  if (block.arrive(arrivals) != arrivals_per_call - 1) return;
+  block.reset(arrivals);
+  const int64_t token = finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);
+  write_outputs(block, request, max_drafts, {stop, token}, output_row, args.num_accepted + b);
+}
+
+}  // namespace chain_verify_detail
+}  // namespace specdec

@@ -1,0 +1,238 @@
+// chain_verify, the per-slice pass: what one block computes from its own
+// slice of the vocabulary (argmaxes, softmax statistics, the chunk samples of
+// the stop row) and the acceptance tests with probabilities. Design and
+// workspace layout: chain_verify.cuh. Included by chain_verify_finish.cuh.
+#pragma once
+
+#include <cstdint>
+
+#include "specdec/block.cuh"
+#include "specdec/common.cuh"
+#include "specdec/rng.cuh"
+#include "specdec/sampling.cuh"
+
+namespace specdec {
+namespace chain_verify_detail {
+
+constexpr int kRowsPerLoad = 4;  // elements per thread per strided step of the row scans
+
+// Statistics fields of one row in a (request, split) slot.
+constexpr int64_t kArgMaxValue = 0;  // greedy: float max of the slice
+constexpr int64_t kArgMaxIndex = 1;  // greedy: its index
+constexpr int64_t kTargetMax = 0;    // logits: target statistics
+constexpr int64_t kTargetSum = 1;
+constexpr int64_t kDraftMax = 2;  // logits: draft statistics
+constexpr int64_t kDraftSum = 3;
+
+template <class Prob, class Token>
+struct Request {
+  const Token* ids;       // row b of draft_token_ids
+  int64_t ids_stride;     // between positions
+  const Prob* target;     // target[b]
+  int64_t target_stride;  // between rows
+  const Prob* draft;      // draft[b] or nullptr
+  int64_t draft_stride;
+  int64_t num_drafts;  // n, clamped to [0, K]
+  float temperature;   // > 0 (1 for greedy requests and without temperatures)
+  bool greedy;
+  int64_t vocab_size;
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t token(int64_t position) const {
+    return static_cast<int64_t>(ids[position * ids_stride]);
+  }
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool valid(int64_t token_id) const {
+    return token_id >= 0 && token_id < vocab_size;
+  }
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE const Prob* target_row(int64_t position) const {
+    return target + position * target_stride;
+  }
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE const Prob* draft_row(int64_t position) const {
+    return draft + position * draft_stride;
+  }
+};
+
+// Per-chunk results of one request: [num_chunks, 3] int64 (chain_verify.cuh).
+struct ChunkSlots {
+  int64_t* base;
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t* total(int64_t chunk, int way) const {
+    return base + 3 * chunk + way;
+  }
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t* candidate(int64_t chunk, int way) const {
+    return reinterpret_cast<int32_t*>(base + 3 * chunk + 2) + way;
+  }
+};
+
+// Statistics of one request: [num_splits, K + 1, 4] int32.
+struct StatSlots {
+  int32_t* base;
+  int64_t slot_words;
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t* field(int64_t split, int64_t row, int64_t field) const {
+    return base + split * slot_words + 4 * row + field;
+  }
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float word_as_float(int32_t word) {
+  return bits_as_float(static_cast<uint32_t>(word));
+}
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t float_as_word(float value) {
+  return static_cast<int32_t>(float_as_bits(value));
+}
+
+struct MinInt64 {
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
+};
+
+// Argmax of values[lo, hi), block-reduced (every thread gets it). Threads
+// read kRowsPerLoad elements a step, coalesced.
+template <class Block, class Prob>
+SPECDEC_HOST_DEVICE ArgBest slice_argmax(const Block& block, const Prob* values, int64_t lo, int64_t hi) {
+  const int64_t stride = block.num_threads();
+  ArgBest best = empty_argmax();
+  for (int64_t base = lo + block.thread(); base < hi; base += kRowsPerLoad * stride) {
+    float x[kRowsPerLoad];
+    SPECDEC_UNROLL
+    for (int j = 0; j < kRowsPerLoad; ++j) {
+      const int64_t index = base + j * stride;
+      x[j] = index < hi ? to_float(values[index]) : 0.0f;
+    }
+    SPECDEC_UNROLL
+    for (int j = 0; j < kRowsPerLoad; ++j) {
+      const int64_t index = base + j * stride;
+      if (index < hi) best = MaxValue()(best, argmax_candidate(x[j], index));
+    }
+  }
+  return block.block_all_reduce(best, MaxValue());
+}
+
+struct StatsPair {
+  SoftmaxStats target;
+  SoftmaxStats draft;
+};
+
+struct MergeStatsPair {
+  float temperature;
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE StatsPair operator()(StatsPair a, StatsPair b) const {
+    return {MergeStats{temperature}(a.target, b.target), MergeStats{temperature}(a.draft, b.draft)};
+  }
+};
+
+// Softmax statistics of target[lo, hi) and, when `draft` is given, of
+// draft[lo, hi), block-reduced.
+template <class Block, class Prob>
+SPECDEC_HOST_DEVICE StatsPair slice_stats(const Block& block, const Prob* target, const Prob* draft, int64_t lo,
+                                          int64_t hi, float temperature) {
+  const int64_t stride = block.num_threads();
+  StatsPair stats = {empty_stats(), empty_stats()};
+  for (int64_t base = lo + block.thread(); base < hi; base += kRowsPerLoad * stride) {
+    float x[kRowsPerLoad];
+    float y[kRowsPerLoad];
+    SPECDEC_UNROLL
+    for (int j = 0; j < kRowsPerLoad; ++j) {
+      const int64_t index = base + j * stride;
+      x[j] = index < hi ? to_float(target[index]) : 0.0f;
+      y[j] = draft != nullptr && index < hi ? to_float(draft[index]) : 0.0f;
+    }
+    SPECDEC_UNROLL
+    for (int j = 0; j < kRowsPerLoad; ++j) {
+      if (base + j * stride < hi) {
+        add_to_stats(stats.target, x[j], temperature);
+        if (draft != nullptr) add_to_stats(stats.draft, y[j], temperature);
+      }
+    }
+  }
+  return block.block_all_reduce(stats, MergeStatsPair{temperature});
+}
+
+// Stop position of a sampled request with probability inputs: thread i
+// tests position i; the first position not accepted (n if none).
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE int64_t decide_probabilities(const Block& block, const Request<Prob, Token>& request,
+                                                 const RequestKey& key) {
+  int64_t stop = request.num_drafts;
+  for (int64_t position = block.thread(); position < request.num_drafts; position += block.num_threads()) {
+    const int64_t token_id = request.token(position);
+    const bool valid = request.valid(token_id);
+    const float target_prob = valid ? to_float(request.target_row(position)[token_id]) : 0.0f;
+    const float draft_prob =
+        request.draft == nullptr ? 1.0f : (valid ? to_float(request.draft_row(position)[token_id]) : 0.0f);
+    const float uniform =
+        uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(position), 0u).w0);
+    if (!(valid && accept(uniform, draft_prob, target_prob))) stop = MinInt64()(stop, position);
+  }
+  return block.block_all_reduce(stop, MinInt64());
+}
+
+// The row the target samples from: row `stop`, minus the draft row (or the
+// one-hot of `stop_token`) when a valid id was rejected there.
+template <class Prob>
+struct SampleRow {
+  const Prob* target;
+  const Prob* draft;   // the rejected draft row, or nullptr (one-hot, or nothing to subtract)
+  int64_t stop_token;  // the rejected id when the draft is one-hot, else -1
+  uint32_t position;   // `stop`, the RNG position
+  bool logits;
+  float temperature;
+  SoftmaxStats target_stats, draft_stats;  // logits only
+};
+
+// Samples chunks [chunk_lo, chunk_hi) of the row (sampling.cuh): writes each
+// chunk's totals and candidates. kWays == 2 after a rejection: way 0 the
+// residual, way 1 p (the fallback); kWays == 1: way 0 is p.
+template <int kWays, class Block, class Prob>
+SPECDEC_HOST_DEVICE void sample_slice(const Block& block, const SampleRow<Prob>& row, const RequestKey& key,
+                                      int64_t vocab_size, int64_t chunk_lo, int64_t chunk_hi,
+                                      const ChunkSlots& slots) {
+  constexpr int kPerThread = static_cast<int>(kChunkSize) / Block::kThreads;
+  uint64_t* draws = block.draws();
+  for (int64_t group = chunk_lo; group < chunk_hi; group += block.num_threads()) {
+    // One Philox call per chunk, spread over the threads, ahead of the loop.
+    if (group + block.thread() < chunk_hi) draws[block.thread()] = chunk_draw(key, row.position, group + block.thread());
+    block.sync();
+    const int64_t group_end = group + block.num_threads() < chunk_hi ? group + block.num_threads() : chunk_hi;
+    for (int64_t chunk = group; chunk < group_end; ++chunk) {
+      const int64_t first = chunk * kChunkSize + static_cast<int64_t>(block.thread()) * kPerThread;
+      float p[kPerThread];
+      float q[kPerThread];
+      SPECDEC_UNROLL
+      for (int j = 0; j < kPerThread; ++j) {
+        const bool inside = first + j < vocab_size;
+        p[j] = inside ? to_float(row.target[first + j]) : 0.0f;
+        q[j] = kWays == 2 && row.draft != nullptr && inside ? to_float(row.draft[first + j]) : 0.0f;
+      }
+      uint64_t weights[kWays][kPerThread];
+      SPECDEC_UNROLL
+      for (int j = 0; j < kPerThread; ++j) {
+        const bool inside = first + j < vocab_size;
+        float target_prob = p[j];
+        if (row.logits) target_prob = inside ? softmax_prob(p[j], row.target_stats, row.temperature) : 0.0f;
+        if (kWays == 2) {
+          float draft_prob = q[j];
+          if (row.draft == nullptr) {
+            draft_prob = first + j == row.stop_token ? 1.0f : 0.0f;
+          } else if (row.logits) {
+            draft_prob = inside ? softmax_prob(q[j], row.draft_stats, row.temperature) : 0.0f;
+          }
+          // fixed_point_weight maps p - q <= 0 (and NaN) to 0: max(0, p - q).
+          weights[0][j] = fixed_point_weight(fsub_rn(target_prob, draft_prob));
+          weights[kWays - 1][j] = fixed_point_weight(target_prob);
+        } else {
+          weights[0][j] = fixed_point_weight(target_prob);
+        }
+      }
+      uint64_t totals[kWays];
+      int32_t offsets[kWays];
+      const uint32_t crossings = pick_in_chunk(block, weights, draws[chunk - group], totals, offsets);
+      SPECDEC_UNROLL
+      for (int way = 0; way < kWays; ++way) {
+        if (block.thread() == 0) *slots.total(chunk, way) = static_cast<int64_t>(totals[way]);
+        if ((crossings >> way) & 1u) *slots.candidate(chunk, way) = static_cast<int32_t>(chunk * kChunkSize + offsets[way]);
+      }
+    }
+    block.sync();  // the draws are read up to here
+  }
+}
+
+}  // namespace chain_verify_detail
+}  // namespace specdec
