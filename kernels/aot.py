@@ -22,46 +22,51 @@ TARGETS = ((90, "sm_90a"), (80, "sm_80"))
 H200_MULTIPROCESSORS = 132
 
 # (batch, drafts, vocabulary, dtype, draft given, logits, per-request seeds): the
-# launcher's configurations for these shapes are the ones compiled.
+# launcher's configurations for these shapes are the ones compiled. The tiny
+# vocabularies pack the most rows into a program (the register-bound cases).
 CHAIN_VERIFY_SHAPES = (
     (1, 4, 128256, "fp32", True, False, False),
     (64, 8, 151936, "bf16", False, False, True),
     (64, 4, 128256, "bf16", True, True, True),
     (8, 1, 32000, "fp16", False, True, False),
     (256, 3, 8, "fp32", True, False, False),
+    (1024, 8, 1, "fp32", True, False, False),
+    (1024, 8, 16, "bf16", True, True, False),
 )
 
 
 def chain_verify_variants():
     """``(name, kernel, signature, constexprs, options)`` for the launcher's configurations."""
-    from specdec_kernels.launchers.chain_verify import _next_power_of_2, launch_config
+    from specdec_kernels.launchers.chain_verify import launch_config
 
     from .chain_verify import _chain_verify_kernel
 
     variants = []
     for batch, drafts, vocab, dtype, draft, logits, per_request in CHAIN_VERIFY_SHAPES:
-        config = launch_config(batch, vocab, H200_MULTIPROCESSORS)
+        config = launch_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS)
         signature = {
             "draft_ids_ptr": "*i64", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
             "num_drafts_ptr": "*i32", "temperature_ptr": "*fp32",
-            "seed_ptr": "*i64", "seed_value": "i64", "offset_ptr": "*i64", "offset_value": "i64",
+            "seed_ptr": "*i64", "seed_low": "i32", "seed_high": "i32",
+            "offset_ptr": "*i64", "offset_low": "i32", "offset_high": "i32",
             "output_ptr": "*i32", "num_accepted_ptr": "*i32",
-            "race_key_ptr": "*fp32", "race_arg_ptr": "*i32", "fallback_key_ptr": "*fp32",
-            "fallback_arg_ptr": "*i32", "has_mass_ptr": "*i32",
-            "scan_max_ptr": "*fp32", "scan_arg_ptr": "*i32", "scan_sum_ptr": "*fp32",
-            "scan_dmax_ptr": "*fp32", "scan_dsum_ptr": "*fp32", "arrivals_ptr": "*i32",
-            "batch_size": "i32", "max_drafts": "i32", "vocab_size": "i32", "num_splits": "i32",
-            "split_size": "i32", "stride_ids_b": "i32", "stride_target_b": "i32", "stride_target_k": "i32",
+            "chunk_total_ptr": "*i64", "chunk_pick_ptr": "*i32", "stat_max_ptr": "*fp32", "stat_arg_ptr": "*i32",
+            "stat_sum_ptr": "*fp32", "stat_dmax_ptr": "*fp32", "stat_dsum_ptr": "*fp32",
+            "tickets_ptr": "*i32", "published_ptr": "*i32", "arrivals_ptr": "*i32", "errors_ptr": "*i32",
+            "batch_size": "i32", "max_drafts": "i32", "vocab_size": "i32", "num_chunks": "i32",
+            "num_splits": "i32", "chunks_per_split": "i32",
+            "stride_ids_b": "i32", "stride_target_b": "i32", "stride_target_k": "i32",
             "stride_draft_b": "i32", "stride_draft_k": "i32", "stride_output_b": "i32",
         }
         constexprs = {
             "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": True, "HAS_TEMPERATURE": True, "LOGITS": logits,
             "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
-            "ROWS": config.rows, "BLOCK_K1": _next_power_of_2(drafts + 1), "BLOCK_V": config.block_v,
+            "ROWS": config.rows, "BLOCK_K1": config.block_k1, "BLOCK_V": config.block_v,
+            "SPLIT_TILE": config.split_tile, "CHUNK_TILE": config.chunk_tile,
         }
         signature.update({key: "constexpr" for key in constexprs})
         name = (f"chain_verify B={batch} K={drafts} V={vocab} {dtype} {'logits' if logits else 'probs'}"
-                f"{'' if draft else ' one-hot'}")
+                f"{'' if draft else ' one-hot'} rows={config.rows}")
         options = {"num_warps": 4, "enable_fp_fusion": False}
         if config.max_registers is not None:
             options["maxnreg"] = config.max_registers
@@ -118,7 +123,7 @@ def main() -> int:
         return 2
     rows = compile_all()
     for row in rows:
-        print(f"{row['kernel']:<56} {row['arch']:<7} {row['registers']:>4} registers, "
+        print(f"{row['kernel']:<66} {row['arch']:<7} {row['registers']:>4} registers, "
               f"{row['spill_stores']} B spill stores, {row['spill_loads']} B spill loads")
     return 1 if any(row["spill_stores"] or row["spill_loads"] for row in rows) else 0
 

@@ -45,7 +45,8 @@ def check_invariants(output, num_accepted, draft_ids, num_drafts, vocab_size):
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
-@pytest.mark.parametrize("batch_size, max_drafts, vocab_size", [(1, 1, 7), (5, 3, 111), (7, 7, 1000), (3, 4, 1)])
+@pytest.mark.parametrize("batch_size, max_drafts, vocab_size",
+                         [(1, 1, 7), (5, 3, 111), (3, 4, 1), (2, 2, 1024), (3, 2, 1025), (2, 3, 3000)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_backends_match_reference(backend, batch_size, max_drafts, vocab_size, dtype, device):
     backend_or_skip("chain_verify", backend)
@@ -307,11 +308,110 @@ def test_triton_is_one_launch_per_call(monkeypatch, device):
     sk.chain_verify(draft_ids, torch.log(target), torch.log(draft), temperature=temperature, logits=True,
                     backend="triton")
     assert len(launches) == 2
-    # No memset precedes a launch: each call must leave its arrival counters at zero.
+    assert_counters_at_zero(device)
+
+
+def assert_counters_at_zero(device):
+    """No memset precedes a launch: each call must leave its counters at zero (and record no failed wait)."""
     from specdec_kernels import _workspace
 
-    counters = _workspace.buffers(device, {"chain_verify.arrivals": (1, torch.int32)})["chain_verify.arrivals"]
-    assert int(counters.abs().sum()) == 0
+    names = ("chain_verify.tickets", "chain_verify.published", "chain_verify.arrivals", "chain_verify.errors")
+    counters = _workspace.buffers(device, {name: (1, torch.int32) for name in names})
+    for name, counter in counters.items():
+        assert int(counter.abs().sum()) == 0, name
+
+
+def _launcher_limits(monkeypatch, device, limits):
+    from specdec_kernels.launchers import chain_verify as launcher
+
+    monkeypatch.setattr(launcher, "GPU_LIMITS" if device.type == "cuda" else "INTERPRETER_LIMITS", limits)
+
+
+@pytest.mark.parametrize("tile, decision_tile, combine_tile, max_splits", [
+    (32768, 1 << 20, 1 << 20, 1),  # one program per row block: the whole vocabulary
+    (1024, 4, 2, 2),  # slices of 3 and 2 chunks; the finishing program loops over chunk tiles
+    (1024, 1 << 20, 1, 5),  # one chunk per slice; one slice and one chunk per combine step
+    (2048, 8, 16, 4),  # slices of 2, 2 and 1 chunks
+])
+def test_tokens_do_not_depend_on_the_split(monkeypatch, device, tile, decision_tile, combine_tile, max_splits):
+    """Any assignment of chunks to programs gives the reference's tokens (probabilities, bit for bit)."""
+    backend_or_skip("chain_verify", "triton")
+    from specdec_kernels.launchers.chain_verify import Limits
+
+    _launcher_limits(monkeypatch, device, Limits(tile, decision_tile, combine_tile, max_splits))
+    draft_ids, target, draft, num_drafts = random_case(3, 3, 4100, seed=5, device=device, sharp=4.0)
+    target[2] = 1.0  # a garbage row: its total, 4100 * 2**52, passes 2**64 (128-bit chunk choice)
+    temperature = torch.tensor([1.0, 0.0, 0.5], device=device)
+    for case_draft, case_temperature in [(draft, None), (None, temperature), (draft, temperature)]:
+        kwargs = dict(num_draft_tokens=num_drafts, temperature=case_temperature, seed=77, offset=3)
+        expected = sk.chain_verify(draft_ids, target, case_draft, backend="reference", **kwargs)
+        actual = sk.chain_verify(draft_ids, target, case_draft, backend="triton", **kwargs)
+        assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    assert_counters_at_zero(device)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_residual_without_mass_matches_reference(backend, device):
+    """p = q / 2 has no residual mass: every rejection samples p, bit for bit on every backend."""
+    backend_or_skip("chain_verify", backend)
+    draft_ids, _, draft, _ = random_case(6, 2, 1500, seed=21, device=device)
+    target = torch.cat([draft / 2, draft[:, :1]], dim=1)
+    for seed in range(3):
+        expected = sk.chain_verify(draft_ids, target, draft, seed=seed, backend="reference")
+        actual = sk.chain_verify(draft_ids, target, draft, seed=seed, backend=backend)
+        assert bool((expected[1] < 2).any())
+        assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+
+
+def degenerate_probabilities(device):
+    """Rows of NaN, zeros, negatives and weights above 1, in the target and the draft."""
+    draft_ids, target, draft, _ = random_case(8, 2, 1100, seed=31, device=device)
+    target, draft = target.clone(), draft.clone()
+    target[0, 0] = float("nan")  # rejected (p NaN), residual NaN, fallback NaN: no mass
+    target[1, 2] = 0.0  # bonus row without mass
+    draft[2, 0] = float("nan")  # q NaN: rejected, residual NaN -> falls back to p
+    target[3, 0, ::2] = -1.0  # negatives count as 0
+    target[4, :] = 2.0  # weights above 1 count as 1: the total passes 2**62
+    target[5, 1, :1024] = 0.0  # the first chunk has no mass
+    draft_ids[6, 0] = -1  # an invalid id: sample p
+    return draft_ids, target, draft
+
+
+def degenerate_logits(device):
+    """Outcomes that are exact in float32 (weights 0 or 1), so backends must agree bit for bit."""
+    draft_ids, target, draft, _ = random_case(8, 2, 1100, seed=32, device=device)
+    target, draft = torch.log(target), torch.log(draft)
+    target[0, 0] = -float("inf")  # no mass: rejected, then -1
+    target[1, 1] = float("nan")  # NaN row: no mass
+    target[2, 0, 7] = float("inf")  # +inf: no mass
+    draft[3, 0] = -float("inf")  # draft row without mass: rejected, residual falls back to p
+    target[4, :, 100:] = -float("inf")  # with T = inf: uniform over 100 tokens
+    target[5, :, :] = target[5, :, :1].expand(-1, 1100)  # all equal: uniform
+    target[6, :, 50] = 1e4  # with a tiny T: one-hot (1e4 / 1e-30 must not overflow into NaN)
+    target[6, :, 900] = 1e4  # ... a two-way tie
+    temperature = torch.tensor([1.0, 1.0, 1.0, 1.0, float("inf"), 0.7, 1e-30, 1e-45], device=device)
+    target[7] = target[6]  # denormal T: 1 / T overflows
+    return draft_ids, target, draft, temperature
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_degenerate_rows_match_reference(backend, device):
+    backend_or_skip("chain_verify", backend)
+    draft_ids, target, draft = degenerate_probabilities(device)
+    greedy_mix = torch.tensor([0.0, 1.0] * 4, device=device)
+    for temperature in (None, greedy_mix, torch.zeros(8, device=device)):
+        for case_draft in (draft, None):
+            kwargs = dict(temperature=temperature, seed=5, offset=1)
+            expected = sk.chain_verify(draft_ids, target, case_draft, backend="reference", **kwargs)
+            actual = sk.chain_verify(draft_ids, target, case_draft, backend=backend, **kwargs)
+            assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    draft_ids, target, draft, temperature = degenerate_logits(device)
+    for case_temperature in (temperature, torch.where(torch.arange(8, device=device) % 3 == 0, 0.0, temperature)):
+        kwargs = dict(temperature=case_temperature, logits=True, seed=6, offset=2)
+        expected = sk.chain_verify(draft_ids, target, draft, backend="reference", **kwargs)
+        actual = sk.chain_verify(draft_ids, target, draft, backend=backend, **kwargs)
+        assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    assert expected[0][0, 0] == -1 and expected[0][2, 0] == -1
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])

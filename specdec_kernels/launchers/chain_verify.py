@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import NamedTuple
 
@@ -9,49 +10,118 @@ import torch
 
 from .. import _workspace
 
-GPU_TILE = 1024  # elements per program per loop iteration
-# One-request programs get up to 128 registers: left to itself ptxas picks
-# 64-96 and spills a few bytes in the logits and one-hot variants
-# (python -m specdec_kernels._kernels.aot shows the report).
+CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py); a program's slice is whole chunks
+
+
+class Limits(NamedTuple):
+    """Tile bounds of a launch configuration (elements per program)."""
+
+    tile: int  # ROWS * BLOCK_V: the vocabulary tile of one loop iteration
+    decision_tile: int  # ROWS * BLOCK_K1: the acceptance tile, which holds Philox state per element
+    combine_tile: int  # ROWS * BLOCK_K1 * SPLIT_TILE and ROWS * CHUNK_TILE: the finishing program's tiles
+    max_splits: int | None  # None: as many as fill the GPU
+
+
+# GPU: 4 warps, 8 elements of the vocabulary tile per thread. One element
+# of the acceptance tile per thread keeps every variant within 128 registers
+# without spills (python -m specdec_kernels._kernels.aot prints the report);
+# two per thread spilled at V = 8, K = 3 (64 rows a program, 4 B on sm_90a).
+GPU_LIMITS = Limits(tile=1024, decision_tile=128, combine_tile=1024, max_splits=None)
 GPU_MAX_REGISTERS = 128
-INTERPRETER_TILE = 32768
-INTERPRETER_MAX_BLOCK_V = 256
-INTERPRETER_MAX_SPLITS = 3
+# Interpreter (CPU): programs run one after another, so tiles are wide and
+# many requests share a program; three slices at most, so tests with a few
+# thousand tokens still cross slices.
+INTERPRETER_LIMITS = Limits(tile=32768, decision_tile=1 << 20, combine_tile=1 << 20, max_splits=3)
 
 
 class LaunchConfig(NamedTuple):
     rows: int  # requests per program
-    block_v: int  # vocabulary tile per loop iteration
-    split_size: int  # vocabulary slice per program
+    block_k1: int  # positions tile, next power of 2 of K + 1
+    block_v: int  # vocabulary tile: one chunk, or the whole vocabulary when it is below a chunk
+    num_chunks: int
+    chunks_per_split: int  # chunks per program
     num_splits: int
+    split_tile: int  # slices the finishing program combines per step
+    chunk_tile: int  # chunk totals the finishing program scans per step
     max_registers: int | None
 
 
-def launch_config(batch_size: int, vocab_size: int, multiprocessors: int | None) -> LaunchConfig:
+def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multiprocessors: int | None,
+                  limits: Limits | None = None) -> LaunchConfig:
     """How to launch the kernel; ``multiprocessors=None`` means the interpreter.
 
-    On a GPU a program handles one tile per loop iteration and there are
-    about two programs per SM, so one request's vocabulary spreads over the
-    machine; small vocabularies pack several requests into a tile. Under the
-    interpreter (CPU) programs run one after another, so tiles are wide and
-    many requests share a program, while tiles stay at most 256 wide so tests
-    with a few hundred tokens still cross several slices.
+    A program handles one chunk per loop iteration. On a GPU there are about
+    two programs per SM, so one request's vocabulary spreads over the
+    machine; vocabularies below a chunk pack several requests into a tile.
     """
-    vocab_tile = _next_power_of_2(vocab_size)
-    if multiprocessors is not None:
-        block_v = min(vocab_tile, GPU_TILE)
-        rows = min(max(1, GPU_TILE // block_v), _next_power_of_2(batch_size))
-        target_programs, max_splits = 2 * multiprocessors, vocab_size
-    else:
-        block_v = min(vocab_tile, INTERPRETER_MAX_BLOCK_V)
-        rows = min(max(1, INTERPRETER_TILE // block_v), _next_power_of_2(batch_size))
-        target_programs, max_splits = 1, INTERPRETER_MAX_SPLITS
-    tiles = _cdiv(vocab_size, block_v)
+    if limits is None:
+        limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
+    block_k1 = _next_power_of_2(rows_per_request)
+    block_v = min(_next_power_of_2(vocab_size), CHUNK_SIZE)
+    num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
+    rows = max(1, min(limits.tile // block_v, limits.decision_tile // block_k1, _next_power_of_2(batch_size)))
     row_blocks = _cdiv(batch_size, rows)
-    splits = max(1, min(tiles, max_splits, _cdiv(target_programs, row_blocks)))
-    split_size = _cdiv(tiles, splits) * block_v
-    max_registers = GPU_MAX_REGISTERS if multiprocessors is not None and rows == 1 else None
-    return LaunchConfig(rows, block_v, split_size, _cdiv(vocab_size, split_size), max_registers)
+    # GPU: enough slices for about two programs per SM. Interpreter: as many
+    # as the limit allows, so that tests cross slices.
+    wanted = _cdiv(2 * multiprocessors, row_blocks) if multiprocessors is not None else num_chunks
+    splits = max(1, min(num_chunks, limits.max_splits or num_chunks, wanted))
+    chunks_per_split = _cdiv(num_chunks, splits)
+    num_splits = _cdiv(num_chunks, chunks_per_split)
+    split_tile = max(1, min(_next_power_of_2(num_splits), limits.combine_tile // (rows * block_k1)))
+    chunk_tile = max(1, min(_next_power_of_2(num_chunks), limits.combine_tile // rows))
+    max_registers = GPU_MAX_REGISTERS if multiprocessors is not None else None
+    return LaunchConfig(rows, block_k1, block_v, num_chunks, chunks_per_split, num_splits, split_tile, chunk_tile,
+                        max_registers)
+
+
+def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: int, logits: bool,
+                           device: torch.device) -> dict[str, tuple[int, torch.dtype]]:
+    """The workspace one Triton launch uses, ``{name: (numel, dtype)}``, in the kernel's parameter order.
+
+    Reserve it with ``_workspace.buffers(device, specs)`` before CUDA-graph
+    capture. Every size is non-decreasing in ``B``, ``K + 1`` and ``V``, so a
+    reservation for the largest sizes covers every smaller call (the slice
+    count is not monotone in ``B``, so the statistics are sized by a bound).
+    Chunk results are ``[B, 2, chunks]`` (residual and fallback), statistics
+    ``[B, BLOCK_K1, SPLITS]``; counters are left at zero by every call, and
+    ``errors`` counts waits that gave up (0 unless something is badly wrong).
+    """
+    multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
+    limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
+    num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
+    chunk_slots = batch_size * 2 * num_chunks
+    # Slices per request: at most the chunks and the limit; on a GPU several
+    # slices only when a program holds one request, and then
+    # B * cdiv(2 * SMs, B) <= B + 2 * SMs.
+    max_splits = min(num_chunks, limits.max_splits or num_chunks)
+    request_slices = batch_size * max_splits
+    if multiprocessors is not None:
+        request_slices = min(request_slices, batch_size + 2 * multiprocessors)
+    stat_slots = _next_power_of_2(rows_per_request) * request_slices
+    logit_slots = stat_slots if logits else 1
+    return {
+        "chain_verify.chunk_total": (chunk_slots, torch.int64),
+        "chain_verify.chunk_pick": (chunk_slots, torch.int32),
+        "chain_verify.stat_max": (stat_slots, torch.float32),
+        "chain_verify.stat_arg": (stat_slots, torch.int32),
+        "chain_verify.stat_sum": (logit_slots, torch.float32),
+        "chain_verify.stat_dmax": (logit_slots, torch.float32),
+        "chain_verify.stat_dsum": (logit_slots, torch.float32),
+        "chain_verify.tickets": (2, torch.int32),
+        "chain_verify.published": (batch_size, torch.int32),
+        "chain_verify.arrivals": (batch_size, torch.int32),
+        "chain_verify.errors": (1, torch.int32),
+    }
+
+
+def split_words(value: int) -> tuple[int, int]:
+    """A 64-bit int as its low and high 32-bit words, each read as a signed 32-bit int.
+
+    Passed this way a seed or offset is always an ``i32`` kernel argument,
+    so its value never changes the compiled signature.
+    """
+    low, high = value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF
+    return low - (1 << 32) * (low >> 31), high - (1 << 32) * (high >> 31)
 
 
 def _next_power_of_2(value: int) -> int:
@@ -90,46 +160,35 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
         for tensor in (draft_token_ids, target, draft, num_draft_tokens, temperature, seed_tensor, offset_tensor)
     )
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
-    rows, block_v, split_size, num_splits, max_registers = launch_config(batch_size, vocab_size, multiprocessors)
-    block_k1 = _next_power_of_2(rows_per_request)
-    row_blocks = _cdiv(batch_size, rows)
-    slots = row_blocks * num_splits * rows
+    config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors)
+    row_blocks = _cdiv(batch_size, config.rows)
     waves = 2 if logits else 1
-
-    # In the kernel's parameter order (race_key_ptr .. arrivals_ptr).
-    scratch = _workspace.buffers(device, {
-        "chain_verify.race_key": (slots, torch.float32),
-        "chain_verify.race_arg": (slots, torch.int32),
-        "chain_verify.fallback_key": (slots, torch.float32),
-        "chain_verify.fallback_arg": (slots, torch.int32),
-        "chain_verify.has_mass": (slots, torch.int32),
-        "chain_verify.scan_max": (slots * block_k1, torch.float32),
-        "chain_verify.scan_arg": (slots * block_k1, torch.int32),
-        "chain_verify.scan_sum": (slots * block_k1, torch.float32),
-        "chain_verify.scan_dmax": (slots * block_k1, torch.float32),
-        "chain_verify.scan_dsum": (slots * block_k1, torch.float32),
-        "chain_verify.arrivals": (row_blocks, torch.int32),
-    })
-
-    placeholder = target
-    _chain_verify_kernel[(waves * row_blocks * num_splits,)](
-        draft_token_ids, target, placeholder if draft is None else draft,
-        placeholder if num_draft_tokens is None else num_draft_tokens,
-        placeholder if temperature is None else temperature,
-        placeholder if seed_tensor is None else seed_tensor, seed,
-        placeholder if offset_tensor is None else offset_tensor, offset,
-        output, num_accepted,
-        *scratch.values(),
-        batch_size, max_drafts, vocab_size, num_splits, split_size,
-        draft_token_ids.stride(0), target.stride(0), target.stride(1),
-        0 if draft is None else draft.stride(0), 0 if draft is None else draft.stride(1), output.stride(0),
-        HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None,
-        HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
-        SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
-        OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1,
-        ROWS=rows, BLOCK_K1=block_k1, BLOCK_V=block_v,
-        num_warps=4, enable_fp_fusion=False, **({} if max_registers is None else {"maxnreg": max_registers}),
-    )
+    # Triton launches on the current device: make it the tensors' device.
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, rows_per_request, vocab_size,
+                                                                    logits, device))
+        placeholder = target
+        _chain_verify_kernel[(waves * row_blocks * config.num_splits,)](
+            draft_token_ids, target, placeholder if draft is None else draft,
+            placeholder if num_draft_tokens is None else num_draft_tokens,
+            placeholder if temperature is None else temperature,
+            placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
+            placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
+            output, num_accepted,
+            *scratch.values(),
+            batch_size, max_drafts, vocab_size, config.num_chunks, config.num_splits, config.chunks_per_split,
+            draft_token_ids.stride(0), target.stride(0), target.stride(1),
+            0 if draft is None else draft.stride(0), 0 if draft is None else draft.stride(1), output.stride(0),
+            HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None,
+            HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
+            SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
+            OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1,
+            ROWS=config.rows, BLOCK_K1=config.block_k1, BLOCK_V=config.block_v, SPLIT_TILE=config.split_tile,
+            CHUNK_TILE=config.chunk_tile,
+            num_warps=4, enable_fp_fusion=False,
+            **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
+        )
     return output, num_accepted
 
 

@@ -1,0 +1,97 @@
+"""The combine step of ``kernels/chain_verify.py``: run by the last program of a row block.
+
+Everything here is vectorised over the slices and chunks of the row block
+(``SPLIT_TILE`` slices / ``CHUNK_TILE`` chunks per step, one step unless the
+row has more), so the finishing program makes a few dependent round trips
+to L2, not one per slice.
+"""
+
+import triton
+import triton.language as tl
+
+from .sampling import choice_draw, choose_chunk, chunk_sums
+
+# Polls before a wait gives up (each is an L2 round trip, ~1 us: seconds in
+# all, far beyond any wait on a program that is running).
+SPIN_LIMIT = tl.constexpr(1 << 22)
+
+
+@triton.jit
+def wait_for(counter_ptr, expected, errors_ptr):
+    """Wait (acquire) until ``*counter_ptr >= expected``; after ``SPIN_LIMIT`` polls count an error and go on."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    polls = 0
+    while (seen < expected) & (polls < SPIN_LIMIT):
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+        polls += 1
+    if seen < expected:
+        tl.atomic_add(errors_ptr, 1, sem="relaxed")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _combine_argmax(stat_max_ptr, stat_arg_ptr, requests, rows, num_splits, max_drafts,
+                    ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, SPLIT_TILE: tl.constexpr):
+    """Row max and argmax ``[ROWS, BLOCK_K1]`` over the slices (ties to the lower index)."""
+    positions = tl.arange(0, BLOCK_K1)[None, :, None]
+    splits = tl.arange(0, SPLIT_TILE)[None, None, :]
+    base = (requests.to(tl.int64)[:, None, None] * BLOCK_K1 + positions) * num_splits
+    wanted = rows[:, None, None] & (positions <= max_drafts)
+    row_max = tl.full((ROWS, BLOCK_K1), -float("inf"), tl.float32)
+    row_arg = tl.full((ROWS, BLOCK_K1), 2147483647, tl.int32)
+    for start in range(0, num_splits, SPLIT_TILE):
+        mask = wanted & (start + splits < num_splits)
+        slice_max = tl.load(stat_max_ptr + base + start + splits, mask=mask, other=-float("inf"),
+                            cache_modifier=".cg")
+        slice_arg = tl.load(stat_arg_ptr + base + start + splits, mask=mask, other=2147483647,
+                            cache_modifier=".cg")
+        tile_max = tl.max(slice_max, axis=2)
+        tile_arg = tl.min(tl.where(slice_max == tile_max[:, :, None], slice_arg, 2147483647), axis=2)
+        row_arg = tl.where((tile_max > row_max) | ((tile_max == row_max) & (tile_arg < row_arg)), tile_arg, row_arg)
+        row_max = tl.maximum(row_max, tile_max)
+    return row_max, row_arg
+
+
+@triton.jit
+def finish(
+    chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, output_ptr, num_accepted_ptr,
+    requests, active, greedy, sampled, subtract, stop, token_ids, valid, in_chain, num_drafts,
+    k0, k1, c2, c3, num_chunks, num_splits, max_drafts, stride_output_b,
+    LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, SPLIT_TILE: tl.constexpr,
+    CHUNK_TILE: tl.constexpr,
+):
+    """Choose the sampled tokens, decide the greedy requests and write the row block's outputs."""
+    # Sampled requests: the residual's chunks, or p's where the residual has no mass.
+    row_offset = requests.to(tl.int64) * 2 * num_chunks
+    high31, low31 = chunk_sums(chunk_total_ptr, row_offset, sampled, num_chunks, ROWS, CHUNK_TILE)
+    fallback_high31, fallback_low31 = chunk_sums(chunk_total_ptr, row_offset + num_chunks, subtract, num_chunks,
+                                                 ROWS, CHUNK_TILE)
+    use_fallback = subtract & (high31 == 0) & (low31 == 0)
+    row_offset = tl.where(use_fallback, row_offset + num_chunks, row_offset)
+    high31 = tl.where(use_fallback, fallback_high31, high31)
+    low31 = tl.where(use_fallback, fallback_low31, low31)
+    sampled_token = choose_chunk(chunk_total_ptr, chunk_pick_ptr, row_offset, sampled, num_chunks, high31, low31,
+                                 choice_draw(k0, k1, c2, c3, stop), ROWS, CHUNK_TILE)
+
+    # Greedy requests: accept while the draft is the target's argmax; a row
+    # with nothing to choose (max <= 0 for probabilities, -inf for logits) has -1.
+    positions = tl.arange(0, BLOCK_K1)[None, :]
+    greedy_max, greedy_arg = _combine_argmax(stat_max_ptr, stat_arg_ptr, requests, greedy, num_splits, max_drafts,
+                                             ROWS, BLOCK_K1, SPLIT_TILE)
+    if LOGITS:
+        has_choice = greedy_max > -float("inf")
+    else:
+        has_choice = greedy_max > 0.0
+    greedy_arg = tl.where(has_choice, greedy_arg, -1)
+    greedy_accept = valid & (token_ids == greedy_arg.to(tl.int64))
+    greedy_stop = tl.min(tl.where(in_chain & ~greedy_accept, positions, BLOCK_K1), axis=1)
+    greedy_stop = tl.minimum(greedy_stop, num_drafts)
+    greedy_token = tl.sum(tl.where(positions == greedy_stop[:, None], greedy_arg, 0), axis=1)
+
+    final_stop = tl.where(greedy, greedy_stop, stop)
+    token = tl.where(greedy, greedy_token, sampled_token)
+    output = tl.where(positions < final_stop[:, None], token_ids,
+                      tl.where(positions == final_stop[:, None], token[:, None].to(tl.int64), -1))
+    tl.store(output_ptr + requests[:, None].to(tl.int64) * stride_output_b + positions, output.to(tl.int32),
+             mask=active[:, None] & (positions <= max_drafts))
+    tl.store(num_accepted_ptr + requests, final_stop, mask=active)
