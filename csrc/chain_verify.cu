@@ -282,7 +282,7 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
     }
     for (std::thread& thread : threads) thread.join();
   });
-  return args.counters[args.batch_size + 1] != error_before ? "a block found the blocks it waits on incomplete" : nullptr;
+  return args.counters[args.batch_size + 1] != error_before ? "counters found inconsistent (a wait gave up or a ticket was out of range: counters left dirty by a call that never finished?)" : nullptr;
 }
 
 }  // namespace specdec

@@ -382,6 +382,23 @@ def test_host_program_clamps_num_draft_tokens():
     assert_same((output, num_accepted), run_reference(clamped, 1, 2), "clamped")
 
 
+@needs_op
+def test_host_program_reports_dirty_counters_instead_of_hanging():
+    """A ticket counter left nonzero (a call that never finished) is flagged, never an out-of-range role."""
+    batch_size, rows, vocab_size = 2, 3, 2100
+    case = make_case(batch_size, rows - 1, vocab_size, seed=6, logits=True, greedy_fraction=0.0)
+    workspace = torch.zeros(10_000, dtype=torch.int64)
+    arrivals = torch.zeros(batch_size + 2, dtype=torch.int32)
+    arrivals[batch_size] = 3  # the ticket counter
+    output = torch.zeros(batch_size, rows, dtype=torch.int32)
+    num_accepted = torch.zeros(batch_size, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="counters found inconsistent"):
+        torch.ops.specdec_C.chain_verify(case["draft_token_ids"], case["target"], case["draft"], None,
+                                         case["temperature"], True, None, 1, None, 0, workspace, arrivals, output,
+                                         num_accepted, 3)
+    assert int(arrivals[batch_size + 1]) != 0, "the error flag is set"
+
+
 def test_workspace_specs():
     specs = cuda_workspace_specs(5, 4, 3000, False, "cpu")
     (workspace, workspace_dtype), (arrivals, arrivals_dtype) = specs.values()

@@ -172,11 +172,13 @@ struct DeviceBlock {
   }
 
   // Release this block's writes and count it in; every thread gets the count
-  // before the arrival. __syncthreads orders the block's writes before
-  // thread 0's fence (the release); the fence after the atomic is the
+  // before the arrival. Every thread fences its own writes (several threads
+  // write chunk candidates), __syncthreads orders them before thread 0's
+  // fence and atomic (the release); the fence after the atomic is the
   // acquire, so the last block's later reads see what earlier blocks
   // released (CUDA's threadFenceReduction pattern).
   __device__ __forceinline__ int32_t arrive(int32_t* counter) const {
+    __threadfence();
     __syncthreads();
     if (thread() == 0) {
       __threadfence();

@@ -177,9 +177,15 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   const int64_t num_splits = plan.num_splits;
   const int64_t blocks_per_wave = args.batch_size * num_splits;
   int32_t* counters = args.counters;
-  const int64_t role = plan.two_waves
-                           ? block.take_ticket(counters + args.batch_size, static_cast<int32_t>(2 * blocks_per_wave))
-                           : block_index;
+  const int64_t num_blocks = chain_verify_num_blocks(args, plan);
+  const int64_t role =
+      plan.two_waves ? block.take_ticket(counters + args.batch_size, static_cast<int32_t>(num_blocks)) : block_index;
+  if (role < 0 || role >= num_blocks) {
+    // Only counters left dirty (by a call that never finished) get here: flag
+    // it and touch nothing; blocks waiting on this role give up (bounded).
+    if (block.thread() == 0) *(counters + args.batch_size + 1) |= 1;
+    return;
+  }
   const int64_t wave = role / blocks_per_wave;
   const int64_t b = (role - wave * blocks_per_wave) / num_splits;
   const int64_t split = role - wave * blocks_per_wave - b * num_splits;
