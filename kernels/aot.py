@@ -28,6 +28,7 @@ CHAIN_VERIFY_SHAPES = (
     (1, 4, 128256, "fp32", True, False, False),
     (64, 8, 151936, "bf16", False, False, True),
     (64, 4, 128256, "bf16", True, True, True),
+    (512, 4, 128256, "bf16", True, True, True),
     (8, 1, 32000, "fp16", False, True, False),
     (256, 3, 8, "fp32", True, False, False),
     (1024, 8, 1, "fp32", True, False, False),
@@ -61,11 +62,12 @@ def chain_verify_variants():
         constexprs = {
             "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": True, "HAS_TEMPERATURE": True, "LOGITS": logits,
             "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
-            "ROWS": config.rows, "BLOCK_K1": config.block_k1, "BLOCK_V": config.block_v,
+            "WALK": logits and config.num_splits == 1, "ROWS": config.rows, "BLOCK_K1": config.block_k1, "BLOCK_V": config.block_v,
             "SPLIT_TILE": config.split_tile, "CHUNK_TILE": config.chunk_tile,
         }
         signature.update({key: "constexpr" for key in constexprs})
-        name = (f"chain_verify B={batch} K={drafts} V={vocab} {dtype} {'logits' if logits else 'probs'}"
+        mode = ("logits walk" if constexprs["WALK"] else "logits waves") if logits else "probs"
+        name = (f"chain_verify B={batch} K={drafts} V={vocab} {dtype} {mode}"
                 f"{'' if draft else ' one-hot'} rows={config.rows}")
         options = {"num_warps": 4, "enable_fp_fusion": False}
         if config.max_registers is not None:

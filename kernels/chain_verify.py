@@ -23,16 +23,23 @@ requests need the argmax of every row up to the first mismatch, which no
 program can know alone: for them every program records per-slice maxima of
 the rows ``0..n_b`` and the last program decides.
 
-Logits (two waves). The acceptance tests need the softmax normalisers of
-the rows up to the first rejection, which need the whole vocabulary. Wave 1
-programs write per-slice ``(max, sum exp)`` of the target rows ``0..n_b``
-and, for sampled requests, of the draft rows ``0..n_b - 1`` (greedy ones:
-target only); rows past ``n_b`` are never read, but since ``j`` is unknown
-until every normaliser is in, the rows past ``j`` up to ``n_b`` are. Wave 2
-programs wait until their row block's wave 1 has published, combine the
-normalisers, then do what a probabilities program does.
+Logits. The acceptance tests need the softmax normalisers of the rows up
+to the first rejection, which need the whole vocabulary.
 
-No program waits on one that may not be running: with logits a program's
+* One slice per row (the batch fills the GPU, or ``V <= 1024``): one wave.
+  A program walks its rows in order (``_walk_rows``): normalisers of row
+  ``i``, acceptance at ``i``, and row ``i + 1`` only for the requests still
+  accepting, so it reads exactly the target rows ``0..j`` and the draft rows
+  ``0..min(j, n_b - 1)``, then samples row ``j`` (read a second time).
+* Several slices per row (small batches): two waves. Wave 1 programs write
+  per-slice ``(max, sum exp)`` of the target rows ``0..n_b`` and, for
+  sampled requests, of the draft rows ``0..n_b - 1`` (greedy ones: target
+  only); since ``j`` is unknown until every normaliser is in, the rows past
+  ``j`` up to ``n_b`` are read too (never those past ``n_b``). Wave 2
+  programs wait until their row block's wave 1 has published, combine the
+  normalisers, then do what a probabilities program does.
+
+No program waits on one that may not be running: with two waves a program's
 role comes from a ticket (an atomic counter taken at program start), not
 from its id, and wave 1 roles take the first tickets, so every wave 1
 program a wave 2 program waits for took its ticket earlier: it is running or
@@ -51,7 +58,7 @@ strided inputs.
 import triton
 import triton.language as tl
 
-from .chain_verify_finish import finish, wait_for
+from .chain_verify_finish import greedy_decisions, sampled_tokens, wait_for, write_outputs
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import chunk_draw, chunk_pick, fixed_point, softmax_weight
 
@@ -59,6 +66,45 @@ from .sampling import chunk_draw, chunk_pick, fixed_point, softmax_weight
 @triton.jit
 def _row_pointers(base_ptr, requests, stride_request, position, stride_position):
     return base_ptr + requests.to(tl.int64) * stride_request + tl.cast(position, tl.int64) * stride_position
+
+
+@triton.jit
+def _row_statistics(target_row, draft_row, read_target, read_draft, inverse_temperature, vocab_lo, vocab_hi,
+                    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Statistics of ``[vocab_lo, vocab_hi)`` of one row of each request (``[ROWS, 1]`` row pointers).
+
+    The target row's max (NaN ignored) and argmax (ties to the lower index);
+    with ``LOGITS`` also ``sum exp((x - max) / T)`` of the target row and the
+    max and sum of the draft row. ``read_target`` / ``read_draft`` (``[ROWS,
+    1]``) mask the rows read.
+    """
+    vocab = tl.arange(0, BLOCK_V)[None, :]
+    row_max = tl.full((ROWS,), -float("inf"), tl.float32)
+    row_arg = tl.full((ROWS,), 2147483647, tl.int32)
+    row_sum = tl.zeros((ROWS,), tl.float32)
+    drow_max = tl.full((ROWS,), -float("inf"), tl.float32)
+    drow_sum = tl.zeros((ROWS,), tl.float32)
+    for start in range(vocab_lo, vocab_hi, BLOCK_V):
+        index = start + vocab
+        in_slice = index < vocab_hi
+        x = tl.load(target_row + index, mask=read_target & in_slice, other=-float("inf")).to(tl.float32)
+        x = tl.where(x == x, x, -float("inf"))
+        tile_max = tl.max(x, axis=1)
+        tile_arg = tl.min(tl.where(x == tile_max[:, None], index, 2147483647), axis=1)
+        row_arg = tl.where((tile_max > row_max) | ((tile_max == row_max) & (tile_arg < row_arg)), tile_arg, row_arg)
+        if LOGITS:
+            new_max = tl.maximum(row_max, tile_max)
+            row_sum = row_sum * softmax_weight(row_max - new_max, inverse_temperature) + tl.sum(
+                softmax_weight(x - new_max[:, None], inverse_temperature[:, None]), axis=1)
+            if HAS_DRAFT:
+                y = tl.load(draft_row + index, mask=read_draft & in_slice, other=-float("inf")).to(tl.float32)
+                y = tl.where(y == y, y, -float("inf"))
+                new_dmax = tl.maximum(drow_max, tl.max(y, axis=1))
+                drow_sum = drow_sum * softmax_weight(drow_max - new_dmax, inverse_temperature) + tl.sum(
+                    softmax_weight(y - new_dmax[:, None], inverse_temperature[:, None]), axis=1)
+                drow_max = new_dmax
+        row_max = tl.maximum(row_max, tile_max)
+    return row_max, row_arg, row_sum, drow_max, drow_sum
 
 
 @triton.jit
@@ -70,46 +116,18 @@ def _scan_statistics(
     LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """Per-slice statistics of rows ``0..n_b``, stored at ``[request, position, split]``.
+    """:func:`_row_statistics` of this slice of rows ``0..n_b``, stored at ``[request, position, split]``.
 
-    The target row's max (NaN ignored) and argmax (ties to the lower index);
-    with ``LOGITS`` also ``sum exp((x - max) / T)`` of the target row and the
-    max and sum of the draft row. ``target_rows`` / ``draft_rows`` mask the
-    requests whose rows are read; positions past ``n_b`` are not read.
+    ``target_rows`` / ``draft_rows`` mask the requests whose rows are read;
+    target rows past ``n_b`` and draft rows past ``n_b - 1`` are not read.
     """
-    vocab = tl.arange(0, BLOCK_V)[None, :]
     slot = requests.to(tl.int64) * BLOCK_K1 * num_splits + split
     for position in range(0, max_drafts + 1):
-        row_max = tl.full((ROWS,), -float("inf"), tl.float32)
-        row_arg = tl.full((ROWS,), 2147483647, tl.int32)
-        row_sum = tl.zeros((ROWS,), tl.float32)
-        drow_max = tl.full((ROWS,), -float("inf"), tl.float32)
-        drow_sum = tl.zeros((ROWS,), tl.float32)
-        read_target = (target_rows & (position <= num_drafts))[:, None]
-        read_draft = (draft_rows & (position < num_drafts))[:, None]
-        target_row = _row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)[:, None]
-        draft_row = _row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)[:, None]
-        for start in range(vocab_lo, vocab_hi, BLOCK_V):
-            index = start + vocab
-            in_slice = index < vocab_hi
-            x = tl.load(target_row + index, mask=read_target & in_slice, other=-float("inf")).to(tl.float32)
-            x = tl.where(x == x, x, -float("inf"))
-            tile_max = tl.max(x, axis=1)
-            tile_arg = tl.min(tl.where(x == tile_max[:, None], index, 2147483647), axis=1)
-            row_arg = tl.where((tile_max > row_max) | ((tile_max == row_max) & (tile_arg < row_arg)),
-                               tile_arg, row_arg)
-            if LOGITS:
-                new_max = tl.maximum(row_max, tile_max)
-                row_sum = row_sum * softmax_weight(row_max - new_max, inverse_temperature) + tl.sum(
-                    softmax_weight(x - new_max[:, None], inverse_temperature[:, None]), axis=1)
-                if HAS_DRAFT:
-                    y = tl.load(draft_row + index, mask=read_draft & in_slice, other=-float("inf")).to(tl.float32)
-                    y = tl.where(y == y, y, -float("inf"))
-                    new_dmax = tl.maximum(drow_max, tl.max(y, axis=1))
-                    drow_sum = drow_sum * softmax_weight(drow_max - new_dmax, inverse_temperature) + tl.sum(
-                        softmax_weight(y - new_dmax[:, None], inverse_temperature[:, None]), axis=1)
-                    drow_max = new_dmax
-            row_max = tl.maximum(row_max, tile_max)
+        row_max, row_arg, row_sum, drow_max, drow_sum = _row_statistics(
+            _row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)[:, None],
+            _row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)[:, None],
+            (target_rows & (position <= num_drafts))[:, None], (draft_rows & (position < num_drafts))[:, None],
+            inverse_temperature, vocab_lo, vocab_hi, LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
         here = slot + position * num_splits
         tl.store(stat_max_ptr + here, row_max, mask=active)
         tl.store(stat_arg_ptr + here, row_arg, mask=active)
@@ -118,6 +136,73 @@ def _scan_statistics(
             if HAS_DRAFT:
                 tl.store(stat_dmax_ptr + here, drow_max, mask=active)
                 tl.store(stat_dsum_ptr + here, drow_sum, mask=active)
+
+
+@triton.jit
+def _inverse_norm(row_sum):
+    """``1 / row_sum``, NaN for a row without mass, so its probabilities come out NaN like the reference's ``0 / 0``.
+
+    div_rn: ``/`` is approximate on GPUs, and ``T = inf`` (``p = 1 / n``) must
+    match the reference exactly. NaN rather than ``1 / 0 = inf``: ``0 * inf``
+    is NaN too, but warns in the interpreter.
+    """
+    safe_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
+    return tl.where(row_sum > 0.0, tl.math.div_rn(tl.zeros_like(safe_sum) + 1.0, safe_sum), float("nan"))
+
+
+@triton.jit
+def _walk_rows(
+    target_ptr, draft_ptr, requests, active, greedy, sampled, num_drafts, valid, safe_ids, inverse_temperature,
+    k0, k1, c2, c3, max_drafts, vocab_size, stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+    HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Logits when a program holds whole rows: decide position by position.
+
+    A request's row ``i`` is read only while the request is still accepting,
+    so the rows read are exactly ``0..j`` (target) and ``0..min(j, n_b - 1)``
+    (draft, sampled requests). Returns the stop position, the stop row's
+    target and draft ``(max, 1 / sum)`` and the greedy requests' token.
+    """
+    positions = tl.arange(0, BLOCK_K1)[None, :]
+    going = active
+    stop = num_drafts
+    stop_max = tl.zeros((ROWS,), tl.float32)
+    stop_inverse_norm = tl.zeros((ROWS,), tl.float32)
+    stop_dmax = tl.zeros((ROWS,), tl.float32)
+    stop_dinverse_norm = tl.zeros((ROWS,), tl.float32)
+    greedy_token = tl.full((ROWS,), -1, tl.int32)
+    for position in range(0, max_drafts + 1):
+        here = positions == position
+        token = tl.sum(tl.where(here, safe_ids, 0), axis=1)
+        drafted = going & (position < num_drafts) & (tl.max((here & valid).to(tl.int32), axis=1) > 0)
+        target_row = _row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)
+        draft_row = _row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)
+        row_max, row_arg, row_sum, drow_max, drow_sum = _row_statistics(
+            target_row[:, None], draft_row[:, None], going[:, None],
+            (going & sampled & (position < num_drafts))[:, None],
+            inverse_temperature, 0, vocab_size, True, HAS_DRAFT, ROWS, BLOCK_V)
+        inverse_norm = _inverse_norm(row_sum)
+        dinverse_norm = _inverse_norm(drow_sum)
+        gather = drafted & sampled
+        p = tl.load(target_row + token, mask=gather, other=0.0).to(tl.float32)
+        p = softmax_weight(p - row_max, inverse_temperature) * inverse_norm
+        if HAS_DRAFT:
+            q = tl.load(draft_row + token, mask=gather, other=0.0).to(tl.float32)
+            q = softmax_weight(q - drow_max, inverse_temperature) * dinverse_norm
+        else:
+            q = tl.full((ROWS,), 1.0, tl.float32)
+        w0, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, requests * 0 + position, requests * 0)
+        greedy_arg = tl.where(row_max > -float("inf"), row_arg, -1)
+        accepted = drafted & tl.where(greedy, token == greedy_arg.to(tl.int64), uniform_from_word(w0) * q < p)
+        stopping = going & ~accepted
+        stop = tl.where(stopping, position, stop)
+        stop_max = tl.where(stopping, row_max, stop_max)
+        stop_inverse_norm = tl.where(stopping, inverse_norm, stop_inverse_norm)
+        stop_dmax = tl.where(stopping, drow_max, stop_dmax)
+        stop_dinverse_norm = tl.where(stopping, dinverse_norm, stop_dinverse_norm)
+        greedy_token = tl.where(stopping, greedy_arg, greedy_token)
+        going = going & accepted
+    return stop, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm, greedy_token
 
 
 @triton.jit
@@ -145,11 +230,7 @@ def _combine_normalisers(stat_max_ptr, stat_sum_ptr, requests, rows, num_splits,
         row_sum = row_sum * softmax_weight(row_max - new_max, inverse_temperature) + tl.sum(
             slice_sum * softmax_weight(slice_max - new_max[:, :, None], inverse_temperature[:, :, None]), axis=2)
         row_max = new_max
-    # NaN, not 1 / 0 = inf, for a row without mass: 0 * inf would be NaN too, with a warning in the interpreter.
-    # div_rn: "/" is approximate on GPUs, and T = inf (p = 1 / n) must match the reference exactly.
-    inverse_norm = tl.math.div_rn(tl.full((ROWS, BLOCK_K1), 1.0, tl.float32),
-                                  tl.where(row_sum > 0.0, row_sum, 1.0))
-    return row_max, tl.where(row_sum > 0.0, inverse_norm, float("nan"))
+    return row_max, _inverse_norm(row_sum)
 
 
 @triton.jit
@@ -200,6 +281,17 @@ def _sample_slice(
             tl.store(chunk_pick_ptr + slot + num_chunks + chunk, chunk * BLOCK_V + offset, mask=subtract)
 
 
+@triton.jit
+def _draft_tokens(draft_ids_ptr, requests, active, num_drafts, vocab_size, stride_ids_b, BLOCK_K1: tl.constexpr):
+    """Draft ids ``[ROWS, BLOCK_K1]`` (int64, -1 past ``n_b``), their validity and the ids clamped into range."""
+    positions = tl.arange(0, BLOCK_K1)[None, :]
+    in_chain = active[:, None] & (positions < num_drafts[:, None])
+    token_ids = tl.load(draft_ids_ptr + requests[:, None].to(tl.int64) * stride_ids_b + positions,
+                        mask=in_chain, other=-1).to(tl.int64)
+    valid = in_chain & (token_ids >= 0) & (token_ids < vocab_size)
+    return in_chain, token_ids, valid, tl.where(valid, token_ids, 0)
+
+
 @triton.jit(do_not_specialize=[
     "seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "max_drafts", "num_chunks",
     "num_splits", "chunks_per_split", "stride_ids_b", "stride_output_b",
@@ -217,11 +309,12 @@ def _chain_verify_kernel(
     stride_ids_b, stride_target_b, stride_target_k, stride_draft_b, stride_draft_k, stride_output_b,
     HAS_DRAFT: tl.constexpr, HAS_NUM_DRAFTS: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
     LOGITS: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
-    OFFSET_PER_REQUEST: tl.constexpr,
+    OFFSET_PER_REQUEST: tl.constexpr, WALK: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_TILE: tl.constexpr,
     CHUNK_TILE: tl.constexpr,
 ):
-    if LOGITS:
+    """``WALK`` (logits, one slice per row): one wave, :func:`_walk_rows`; otherwise see the module docstring."""
+    if LOGITS and not WALK:
         role = tl.atomic_add(tickets_ptr, 1, sem="relaxed")
     else:
         role = tl.program_id(0)  # nobody waits: any order is fine
@@ -250,105 +343,130 @@ def _chain_verify_kernel(
         num_drafts = tl.minimum(tl.maximum(num_drafts, 0), max_drafts)
     else:
         num_drafts = tl.full((ROWS,), 0, tl.int32) + max_drafts
+    positions = tl.arange(0, BLOCK_K1)[None, :]
 
-    if LOGITS:
-        publishes = wave == 0
-    else:
-        publishes = False
-    if publishes:
-        _scan_statistics(
-            target_ptr, draft_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-            requests, active, active, sampled, num_drafts, inverse_temperature,
-            split, num_splits, max_drafts, vocab_lo, vocab_hi,
-            stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
-            LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
-        )
-        tl.debug_barrier()
-        tl.atomic_add(published_ptr + row_block, 1, sem="release")
+    if WALK:
+        in_chain, token_ids, valid, safe_ids = _draft_tokens(draft_ids_ptr, requests, active, num_drafts,
+                                                             vocab_size, stride_ids_b, BLOCK_K1)
+        k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
+                                     requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
+        stop, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm, greedy_token = _walk_rows(
+            target_ptr, draft_ptr, requests, active, greedy, sampled, num_drafts, valid, safe_ids,
+            inverse_temperature, k0, k1, c2, c3, max_drafts, vocab_size,
+            stride_target_b, stride_target_k, stride_draft_b, stride_draft_k, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V)
+        at_stop = positions == stop[:, None]
+        subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
+        if tl.max(sampled.to(tl.int32), axis=0) > 0:
+            _sample_slice(
+                target_ptr, draft_ptr, chunk_total_ptr, chunk_pick_ptr,
+                requests, sampled, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
+                stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm,
+                inverse_temperature, k0, k1, c2, c3, num_chunks, 0, num_chunks, vocab_size,
+                stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+                LOGITS, HAS_DRAFT, BLOCK_V,
+            )
+        tl.debug_barrier()  # the chunk results this program wrote, visible to all its threads
+        token = tl.where(greedy, greedy_token, sampled_tokens(
+            chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, k0, k1, c2, c3, num_chunks,
+            ROWS, CHUNK_TILE))
+        write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
+                      stride_output_b, BLOCK_K1)
     else:
         if LOGITS:
-            wait_for(published_ptr + row_block, num_splits, errors_ptr)
-        elif tl.max(greedy.to(tl.int32), axis=0) > 0:
+            publishes = wave == 0
+        else:
+            publishes = False
+        if publishes:
             _scan_statistics(
                 target_ptr, draft_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-                requests, active, greedy, greedy, num_drafts, inverse_temperature,
+                requests, active, active, sampled, num_drafts, inverse_temperature,
                 split, num_splits, max_drafts, vocab_lo, vocab_hi,
                 stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
                 LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
             )
-
-        # Acceptance tests of sampled requests at every position (gathers only).
-        positions = tl.arange(0, BLOCK_K1)[None, :]
-        in_chain = active[:, None] & (positions < num_drafts[:, None])
-        token_ids = tl.load(draft_ids_ptr + requests[:, None].to(tl.int64) * stride_ids_b + positions,
-                            mask=in_chain, other=-1).to(tl.int64)
-        valid = in_chain & (token_ids >= 0) & (token_ids < vocab_size)
-        safe_ids = tl.where(valid, token_ids, 0)
-        gather = valid & sampled[:, None]
-        target_at = tl.load(_row_pointers(target_ptr, requests[:, None], stride_target_b, positions,
-                                          stride_target_k) + safe_ids, mask=gather, other=0.0).to(tl.float32)
-        if HAS_DRAFT:
-            draft_at = tl.load(_row_pointers(draft_ptr, requests[:, None], stride_draft_b, positions,
-                                             stride_draft_k) + safe_ids, mask=gather, other=0.0).to(tl.float32)
-        else:
-            draft_at = tl.full((ROWS, BLOCK_K1), 1.0, tl.float32)
-        target_max = tl.zeros((ROWS, BLOCK_K1), tl.float32)
-        target_inverse_norm = tl.zeros((ROWS, BLOCK_K1), tl.float32)
-        draft_max = tl.zeros((ROWS, BLOCK_K1), tl.float32)
-        draft_inverse_norm = tl.zeros((ROWS, BLOCK_K1), tl.float32)
-        if LOGITS:
-            target_max, target_inverse_norm = _combine_normalisers(
-                stat_max_ptr, stat_sum_ptr, requests, sampled, num_splits, max_drafts, inverse_temperature,
-                ROWS, BLOCK_K1, SPLIT_TILE)
-            target_at = softmax_weight(target_at - target_max, inverse_temperature[:, None]) * target_inverse_norm
-            if HAS_DRAFT:
-                draft_max, draft_inverse_norm = _combine_normalisers(
-                    stat_dmax_ptr, stat_dsum_ptr, requests, sampled, num_splits, max_drafts - 1,
-                    inverse_temperature, ROWS, BLOCK_K1, SPLIT_TILE)
-                draft_at = softmax_weight(draft_at - draft_max, inverse_temperature[:, None]) * draft_inverse_norm
-        k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
-                                     requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
-        w0, _, _, _ = random_words(k0[:, None], k1[:, None], c2[:, None], c3[:, None], ACCEPT_STREAM, positions,
-                                   tl.zeros((ROWS, BLOCK_K1), tl.int32))
-        accepted = valid & (uniform_from_word(w0) * draft_at < target_at)
-        stop = tl.min(tl.where(in_chain & ~accepted, positions, BLOCK_K1), axis=1)
-        stop = tl.minimum(stop, num_drafts)
-        at_stop = positions == stop[:, None]
-        subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
-        stop_token = tl.sum(tl.where(at_stop, safe_ids, 0), axis=1)
-
-        if tl.max(sampled.to(tl.int32), axis=0) > 0:
-            _sample_slice(
-                target_ptr, draft_ptr, chunk_total_ptr, chunk_pick_ptr,
-                requests, sampled, subtract, stop, stop_token,
-                tl.sum(tl.where(at_stop, target_max, 0.0), axis=1),
-                tl.sum(tl.where(at_stop, target_inverse_norm, 0.0), axis=1),
-                tl.sum(tl.where(at_stop, draft_max, 0.0), axis=1),
-                tl.sum(tl.where(at_stop, draft_inverse_norm, 0.0), axis=1),
-                inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
-                stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
-                LOGITS, HAS_DRAFT, BLOCK_V,
-            )
-
-        # The last program of the row block chooses and writes the outputs;
-        # it puts the block's counters back to zero for the next call.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrivals_ptr + row_block, 1, sem="acq_rel")
-        if arrived == num_splits - 1:
             tl.debug_barrier()
-            tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
+            tl.atomic_add(published_ptr + row_block, 1, sem="release")
+        else:
             if LOGITS:
-                tl.atomic_add(published_ptr + row_block, -num_splits, sem="relaxed")
-            finish(
-                chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, output_ptr, num_accepted_ptr,
-                requests, active, greedy, sampled, subtract, stop, token_ids, valid, in_chain, num_drafts,
-                k0, k1, c2, c3, num_chunks, num_splits, max_drafts, stride_output_b,
-                LOGITS, ROWS, BLOCK_K1, SPLIT_TILE, CHUNK_TILE,
-            )
+                wait_for(published_ptr + row_block, num_splits, errors_ptr)
+            elif tl.max(greedy.to(tl.int32), axis=0) > 0:
+                _scan_statistics(
+                    target_ptr, draft_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
+                    requests, active, greedy, greedy, num_drafts, inverse_temperature,
+                    split, num_splits, max_drafts, vocab_lo, vocab_hi,
+                    stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+                    LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
+                )
 
-    if LOGITS:
-        # The last program to end returns the tickets (all were taken by then).
-        num_programs = tl.num_programs(0)
-        if tl.atomic_add(tickets_ptr + 1, 1, sem="relaxed") == num_programs - 1:
-            tl.atomic_add(tickets_ptr, -num_programs, sem="relaxed")
-            tl.atomic_add(tickets_ptr + 1, -num_programs, sem="relaxed")
+            # Acceptance tests of sampled requests at every position (gathers only).
+            in_chain, token_ids, valid, safe_ids = _draft_tokens(draft_ids_ptr, requests, active, num_drafts,
+                                                                 vocab_size, stride_ids_b, BLOCK_K1)
+            gather = valid & sampled[:, None]
+            target_at = tl.load(_row_pointers(target_ptr, requests[:, None], stride_target_b, positions,
+                                              stride_target_k) + safe_ids, mask=gather, other=0.0).to(tl.float32)
+            if HAS_DRAFT:
+                draft_at = tl.load(_row_pointers(draft_ptr, requests[:, None], stride_draft_b, positions,
+                                                 stride_draft_k) + safe_ids, mask=gather, other=0.0).to(tl.float32)
+            else:
+                draft_at = tl.full((ROWS, BLOCK_K1), 1.0, tl.float32)
+            target_max = tl.zeros((ROWS, BLOCK_K1), tl.float32)
+            target_inverse_norm = tl.zeros((ROWS, BLOCK_K1), tl.float32)
+            draft_max = tl.zeros((ROWS, BLOCK_K1), tl.float32)
+            draft_inverse_norm = tl.zeros((ROWS, BLOCK_K1), tl.float32)
+            if LOGITS:
+                target_max, target_inverse_norm = _combine_normalisers(
+                    stat_max_ptr, stat_sum_ptr, requests, sampled, num_splits, max_drafts, inverse_temperature,
+                    ROWS, BLOCK_K1, SPLIT_TILE)
+                target_at = softmax_weight(target_at - target_max, inverse_temperature[:, None]) * target_inverse_norm
+                if HAS_DRAFT:
+                    draft_max, draft_inverse_norm = _combine_normalisers(
+                        stat_dmax_ptr, stat_dsum_ptr, requests, sampled, num_splits, max_drafts - 1,
+                        inverse_temperature, ROWS, BLOCK_K1, SPLIT_TILE)
+                    draft_at = softmax_weight(draft_at - draft_max, inverse_temperature[:, None]) * draft_inverse_norm
+            k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
+                                         requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
+            w0, _, _, _ = random_words(k0[:, None], k1[:, None], c2[:, None], c3[:, None], ACCEPT_STREAM, positions,
+                                       tl.zeros((ROWS, BLOCK_K1), tl.int32))
+            accepted = valid & (uniform_from_word(w0) * draft_at < target_at)
+            stop = tl.min(tl.where(in_chain & ~accepted, positions, BLOCK_K1), axis=1)
+            stop = tl.minimum(stop, num_drafts)
+            at_stop = positions == stop[:, None]
+            subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
+
+            if tl.max(sampled.to(tl.int32), axis=0) > 0:
+                _sample_slice(
+                    target_ptr, draft_ptr, chunk_total_ptr, chunk_pick_ptr,
+                    requests, sampled, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
+                    tl.sum(tl.where(at_stop, target_max, 0.0), axis=1),
+                    tl.sum(tl.where(at_stop, target_inverse_norm, 0.0), axis=1),
+                    tl.sum(tl.where(at_stop, draft_max, 0.0), axis=1),
+                    tl.sum(tl.where(at_stop, draft_inverse_norm, 0.0), axis=1),
+                    inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
+                    stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+                    LOGITS, HAS_DRAFT, BLOCK_V,
+                )
+
+            # The last program of the row block chooses and writes the outputs;
+            # it puts the block's counters back to zero for the next call.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(arrivals_ptr + row_block, 1, sem="acq_rel")
+            if arrived == num_splits - 1:
+                tl.debug_barrier()
+                tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
+                if LOGITS:
+                    tl.atomic_add(published_ptr + row_block, -num_splits, sem="relaxed")
+                greedy_stop, greedy_token = greedy_decisions(
+                    stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, valid, in_chain, num_drafts,
+                    num_splits, max_drafts, LOGITS, ROWS, BLOCK_K1, SPLIT_TILE)
+                token = tl.where(greedy, greedy_token, sampled_tokens(
+                    chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, k0, k1, c2, c3, num_chunks,
+                    ROWS, CHUNK_TILE))
+                write_outputs(output_ptr, num_accepted_ptr, requests, active, tl.where(greedy, greedy_stop, stop),
+                              token, token_ids, max_drafts, stride_output_b, BLOCK_K1)
+
+        if LOGITS:
+            # The last program to end returns the tickets (all were taken by then).
+            num_programs = tl.num_programs(0)
+            if tl.atomic_add(tickets_ptr + 1, 1, sem="relaxed") == num_programs - 1:
+                tl.atomic_add(tickets_ptr, -num_programs, sem="relaxed")
+                tl.atomic_add(tickets_ptr + 1, -num_programs, sem="relaxed")

@@ -53,15 +53,9 @@ def _combine_argmax(stat_max_ptr, stat_arg_ptr, requests, rows, num_splits, max_
 
 
 @triton.jit
-def finish(
-    chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, output_ptr, num_accepted_ptr,
-    requests, active, greedy, sampled, subtract, stop, token_ids, valid, in_chain, num_drafts,
-    k0, k1, c2, c3, num_chunks, num_splits, max_drafts, stride_output_b,
-    LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, SPLIT_TILE: tl.constexpr,
-    CHUNK_TILE: tl.constexpr,
-):
-    """Choose the sampled tokens, decide the greedy requests and write the row block's outputs."""
-    # Sampled requests: the residual's chunks, or p's where the residual has no mass.
+def sampled_tokens(chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, k0, k1, c2, c3, num_chunks,
+                   ROWS: tl.constexpr, CHUNK_TILE: tl.constexpr):
+    """The sampled requests' tokens: the residual's chunks, or p's where the residual has no mass."""
     row_offset = requests.to(tl.int64) * 2 * num_chunks
     high31, low31 = chunk_sums(chunk_total_ptr, row_offset, sampled, num_chunks, ROWS, CHUNK_TILE)
     fallback_high31, fallback_low31 = chunk_sums(chunk_total_ptr, row_offset + num_chunks, subtract, num_chunks,
@@ -70,11 +64,19 @@ def finish(
     row_offset = tl.where(use_fallback, row_offset + num_chunks, row_offset)
     high31 = tl.where(use_fallback, fallback_high31, high31)
     low31 = tl.where(use_fallback, fallback_low31, low31)
-    sampled_token = choose_chunk(chunk_total_ptr, chunk_pick_ptr, row_offset, sampled, num_chunks, high31, low31,
-                                 choice_draw(k0, k1, c2, c3, stop), ROWS, CHUNK_TILE)
+    return choose_chunk(chunk_total_ptr, chunk_pick_ptr, row_offset, sampled, num_chunks, high31, low31,
+                        choice_draw(k0, k1, c2, c3, stop), ROWS, CHUNK_TILE)
 
-    # Greedy requests: accept while the draft is the target's argmax; a row
-    # with nothing to choose (max <= 0 for probabilities, -inf for logits) has -1.
+
+@triton.jit
+def greedy_decisions(stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, valid, in_chain, num_drafts,
+                     num_splits, max_drafts, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
+                     SPLIT_TILE: tl.constexpr):
+    """Stop and token of greedy requests: accept while the draft is the target's argmax, then emit the argmax.
+
+    A row with nothing to choose (max <= 0 for probabilities, -inf for
+    logits) has argmax -1, which no valid draft equals.
+    """
     positions = tl.arange(0, BLOCK_K1)[None, :]
     greedy_max, greedy_arg = _combine_argmax(stat_max_ptr, stat_arg_ptr, requests, greedy, num_splits, max_drafts,
                                              ROWS, BLOCK_K1, SPLIT_TILE)
@@ -87,11 +89,16 @@ def finish(
     greedy_stop = tl.min(tl.where(in_chain & ~greedy_accept, positions, BLOCK_K1), axis=1)
     greedy_stop = tl.minimum(greedy_stop, num_drafts)
     greedy_token = tl.sum(tl.where(positions == greedy_stop[:, None], greedy_arg, 0), axis=1)
+    return greedy_stop, greedy_token
 
-    final_stop = tl.where(greedy, greedy_stop, stop)
-    token = tl.where(greedy, greedy_token, sampled_token)
-    output = tl.where(positions < final_stop[:, None], token_ids,
-                      tl.where(positions == final_stop[:, None], token[:, None].to(tl.int64), -1))
+
+@triton.jit
+def write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
+                  stride_output_b, BLOCK_K1: tl.constexpr):
+    """Accepted drafts, the chosen token at ``stop``, then -1; and ``num_accepted = stop``."""
+    positions = tl.arange(0, BLOCK_K1)[None, :]
+    output = tl.where(positions < stop[:, None], token_ids,
+                      tl.where(positions == stop[:, None], token[:, None].to(tl.int64), -1))
     tl.store(output_ptr + requests[:, None].to(tl.int64) * stride_output_b + positions, output.to(tl.int32),
              mask=active[:, None] & (positions <= max_drafts))
-    tl.store(num_accepted_ptr + requests, final_stop, mask=active)
+    tl.store(num_accepted_ptr + requests, stop, mask=active)

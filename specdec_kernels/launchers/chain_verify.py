@@ -162,7 +162,9 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors)
     row_blocks = _cdiv(batch_size, config.rows)
-    waves = 2 if logits else 1
+    # Logits with one slice per row walk the rows in one wave; with several, two waves.
+    walk = logits and config.num_splits == 1
+    waves = 2 if logits and not walk else 1
     # Triton launches on the current device: make it the tensors' device.
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -183,7 +185,7 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
             HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None,
             HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
             SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
-            OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1,
+            OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, WALK=walk,
             ROWS=config.rows, BLOCK_K1=config.block_k1, BLOCK_V=config.block_v, SPLIT_TILE=config.split_tile,
             CHUNK_TILE=config.chunk_tile,
             num_warps=4, enable_fp_fusion=False,
