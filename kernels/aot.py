@@ -53,7 +53,8 @@ def chain_verify_variants():
             "output_ptr": "*i32", "num_accepted_ptr": "*i32",
             "chunk_total_ptr": "*i64", "chunk_pick_ptr": "*i32", "stat_max_ptr": "*fp32", "stat_arg_ptr": "*i32",
             "stat_sum_ptr": "*fp32", "stat_dmax_ptr": "*fp32", "stat_dsum_ptr": "*fp32",
-            "tickets_ptr": "*i32", "published_ptr": "*i32", "arrivals_ptr": "*i32", "errors_ptr": "*i32",
+            "tickets_ptr": "*i32", "wave1_arrivals_ptr": "*i32", "arrivals_ptr": "*i32",
+            "timeouts_ptr": "*i32",
             "batch_size": "i32", "max_drafts": "i32", "vocab_size": "i32", "num_chunks": "i32",
             "num_splits": "i32", "chunks_per_split": "i32",
             "stride_ids_b": "i32", "stride_target_b": "i32", "stride_target_k": "i32",
@@ -62,8 +63,8 @@ def chain_verify_variants():
         constexprs = {
             "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": True, "HAS_TEMPERATURE": True, "LOGITS": logits,
             "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
-            "WALK": logits and config.num_splits == 1, "ROWS": config.rows, "BLOCK_K1": config.block_k1, "BLOCK_V": config.block_v,
-            "SPLIT_TILE": config.split_tile, "CHUNK_TILE": config.chunk_tile,
+            "WALK": logits and config.num_splits == 1, "ROWS": config.rows, "BLOCK_K1": config.block_k1,
+            "BLOCK_V": config.block_v, "SPLIT_TILE": config.split_tile, "CHUNK_TILE": config.chunk_tile,
         }
         signature.update({key: "constexpr" for key in constexprs})
         mode = ("logits walk" if constexprs["WALK"] else "logits waves") if logits else "probs"

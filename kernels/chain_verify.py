@@ -302,7 +302,7 @@ def _chain_verify_kernel(
     output_ptr, num_accepted_ptr,
     # workspace: chunk results [B, 2, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters
     chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-    tickets_ptr, published_ptr, arrivals_ptr, errors_ptr,
+    tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, timeouts_ptr,
     batch_size, max_drafts, vocab_size, num_chunks, num_splits, chunks_per_split,
     # Row strides stay specialised (Triton keys only on "== 1" and "% 16"), so a
     # vocabulary stride divisible by 16 gives vector loads without recompiles.
@@ -385,10 +385,10 @@ def _chain_verify_kernel(
                 LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
             )
             tl.debug_barrier()
-            tl.atomic_add(published_ptr + row_block, 1, sem="release")
+            tl.atomic_add(wave1_arrivals_ptr + row_block, 1, sem="release")
         else:
             if LOGITS:
-                wait_for(published_ptr + row_block, num_splits, errors_ptr)
+                wait_for(wave1_arrivals_ptr + row_block, num_splits, timeouts_ptr)
             elif tl.max(greedy.to(tl.int32), axis=0) > 0:
                 _scan_statistics(
                     target_ptr, draft_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
@@ -454,7 +454,7 @@ def _chain_verify_kernel(
                 tl.debug_barrier()
                 tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
                 if LOGITS:
-                    tl.atomic_add(published_ptr + row_block, -num_splits, sem="relaxed")
+                    tl.atomic_add(wave1_arrivals_ptr + row_block, -num_splits, sem="relaxed")
                 greedy_stop, greedy_token = greedy_decisions(
                     stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, valid, in_chain, num_drafts,
                     num_splits, max_drafts, LOGITS, ROWS, BLOCK_K1, SPLIT_TILE)

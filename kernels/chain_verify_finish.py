@@ -17,7 +17,7 @@ SPIN_LIMIT = tl.constexpr(1 << 22)
 
 
 @triton.jit
-def wait_for(counter_ptr, expected, errors_ptr):
+def wait_for(counter_ptr, expected, timeouts_ptr):
     """Wait (acquire) until ``*counter_ptr >= expected``; after ``SPIN_LIMIT`` polls count an error and go on."""
     seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
     polls = 0
@@ -25,7 +25,7 @@ def wait_for(counter_ptr, expected, errors_ptr):
         seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
         polls += 1
     if seen < expected:
-        tl.atomic_add(errors_ptr, 1, sem="relaxed")
+        tl.atomic_add(timeouts_ptr, 1, sem="relaxed")
     tl.debug_barrier()
 
 

@@ -315,10 +315,33 @@ def assert_counters_at_zero(device):
     """No memset precedes a launch: each call must leave its counters at zero (and record no failed wait)."""
     from specdec_kernels import _workspace
 
-    names = ("chain_verify.tickets", "chain_verify.published", "chain_verify.arrivals", "chain_verify.errors")
+    names = ("chain_verify.tickets", "chain_verify.wave1_arrivals", "chain_verify.arrivals",
+             "chain_verify.timeout_counter")
     counters = _workspace.buffers(device, {name: (1, torch.int32) for name in names})
     for name, counter in counters.items():
         assert int(counter.abs().sum()) == 0, name
+
+
+def test_per_call_integers_are_not_specialised():
+    """Seeds, offsets, the batch size and slice counts change per call: no compile may be keyed on them.
+
+    Triton specialises an int on ``== 1`` and ``% 16`` and types it by its
+    range, so seeds and offsets travel as two words, each a signed 32-bit int.
+    """
+    pytest.importorskip("triton")
+    from specdec_kernels._kernels.chain_verify import _chain_verify_kernel as kernel
+    from specdec_kernels.launchers.chain_verify import split_words
+
+    if hasattr(kernel, "params"):
+        names = {param.name for param in kernel.params if param.do_not_specialize}
+    else:  # the interpreter's wrapper keeps the decorator's arguments
+        names = set(kernel.kwargs["do_not_specialize"])
+    assert {"seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "max_drafts", "num_chunks",
+            "num_splits", "chunks_per_split"} <= names
+    for value in (0, 1, -1, 2**31, 2**32 + 5, -(2**63), 2**63 - 1):
+        low, high = split_words(value)
+        assert -(2**31) <= low < 2**31 and -(2**31) <= high < 2**31
+        assert high * 2**32 + (low & 0xFFFFFFFF) == value
 
 
 def _launcher_limits(monkeypatch, device, limits):

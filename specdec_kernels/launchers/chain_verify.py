@@ -84,7 +84,8 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     count is not monotone in ``B``, so the statistics are sized by a bound).
     Chunk results are ``[B, 2, chunks]`` (residual and fallback), statistics
     ``[B, BLOCK_K1, SPLITS]``; counters are left at zero by every call, and
-    ``errors`` counts waits that gave up (0 unless something is badly wrong).
+    ``timeout_counter`` counts waits that gave up (0 unless something is
+    badly wrong; named a counter so that checks for counters at zero see it).
     """
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
@@ -108,9 +109,9 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
         "chain_verify.stat_dmax": (logit_slots, torch.float32),
         "chain_verify.stat_dsum": (logit_slots, torch.float32),
         "chain_verify.tickets": (2, torch.int32),
-        "chain_verify.published": (batch_size, torch.int32),
+        "chain_verify.wave1_arrivals": (batch_size, torch.int32),
         "chain_verify.arrivals": (batch_size, torch.int32),
-        "chain_verify.errors": (1, torch.int32),
+        "chain_verify.timeout_counter": (1, torch.int32),
     }
 
 
