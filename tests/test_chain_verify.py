@@ -344,6 +344,28 @@ def test_per_call_integers_are_not_specialised():
         assert high * 2**32 + (low & 0xFFFFFFFF) == value
 
 
+@pytest.mark.parametrize("multiprocessors", [None, 132])
+def test_workspace_specs_cover_every_smaller_call(monkeypatch, multiprocessors):
+    """A reservation for the largest B, K, V (``sk.reserve_workspace``) covers every smaller call's indices."""
+    from specdec_kernels.launchers import chain_verify as launcher
+
+    device = torch.device("cpu" if multiprocessors is None else "cuda")
+    monkeypatch.setattr(launcher, "_multiprocessor_count", lambda _: multiprocessors)
+    largest = dict(batch_size=300, rows_per_request=9, vocab_size=130000, logits=True, device=device)
+    reserved = launcher.triton_workspace_specs(**largest)
+    for batch_size in (1, 2, 3, 5, 17, 64, 131, 132, 133, 263, 264, 300):
+        for rows_per_request in (1, 2, 5, 9):
+            for vocab_size in (1, 16, 1000, 1025, 5000, 32000, 130000):
+                config = launcher.launch_config(batch_size, rows_per_request, vocab_size, multiprocessors)
+                needed = {
+                    "chain_verify.chunk_total": batch_size * 2 * config.num_chunks,
+                    "chain_verify.stat_max": batch_size * config.block_k1 * config.num_splits,
+                    "chain_verify.arrivals": -(-batch_size // config.rows),
+                }
+                for name, numel in needed.items():
+                    assert numel <= reserved[name][0], (name, batch_size, rows_per_request, vocab_size)
+
+
 def _launcher_limits(monkeypatch, device, limits):
     from specdec_kernels.launchers import chain_verify as launcher
 

@@ -91,12 +91,12 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
     num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
     chunk_slots = batch_size * 2 * num_chunks
-    # Slices per request: at most the chunks and the limit; on a GPU several
-    # slices only when a program holds one request, and then
-    # B * cdiv(2 * SMs, B) <= B + 2 * SMs.
+    # Slices per request: at most the chunks and the limit. On a GPU whose
+    # tile is at most a chunk, a row of several chunks gets a program to
+    # itself, and then B * cdiv(2 * SMs, B) <= B + 2 * SMs.
     max_splits = min(num_chunks, limits.max_splits or num_chunks)
     request_slices = batch_size * max_splits
-    if multiprocessors is not None:
+    if multiprocessors is not None and limits.tile <= CHUNK_SIZE:
         request_slices = min(request_slices, batch_size + 2 * multiprocessors)
     stat_slots = _next_power_of_2(rows_per_request) * request_slices
     logit_slots = stat_slots if logits else 1
