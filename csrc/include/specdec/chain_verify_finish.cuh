@@ -154,7 +154,9 @@ SPECDEC_HOST_DEVICE int64_t finish_sampled(const Block& block, const ChunkSlots&
   const int64_t chunk =
       choose_chunk(block, num_chunks, total, choice_draw(key, position),
                    [&](int64_t c) { return static_cast<uint64_t>(block.load_published(slots.total(c, way))); });
-  return block.load_published(slots.candidate(chunk, way));
+  // chunk >= 0 whenever the totals read are the ones released (exact sums);
+  // the check keeps a broken invariant from reading before the workspace.
+  return chunk < 0 ? -1 : block.load_published(slots.candidate(chunk, way));
 }
 
 template <class Block, class Prob, class Token>

@@ -14,7 +14,7 @@
 namespace specdec {
 namespace chain_verify_detail {
 
-constexpr int kRowsPerLoad = 4;  // elements per thread per strided step of the row scans
+constexpr int kElementsPerStep = 4;  // elements per thread per strided step of the row scans
 
 // Statistics fields of one row in a (request, split) slot.
 constexpr int64_t kArgMaxValue = 0;  // greedy: float max of the slice
@@ -85,20 +85,20 @@ struct MinInt64 {
 };
 
 // Argmax of values[lo, hi), block-reduced (every thread gets it). Threads
-// read kRowsPerLoad elements a step, coalesced.
+// read kElementsPerStep elements a step, coalesced.
 template <class Block, class Prob>
 SPECDEC_HOST_DEVICE ArgBest slice_argmax(const Block& block, const Prob* values, int64_t lo, int64_t hi) {
   const int64_t stride = block.num_threads();
   ArgBest best = empty_argmax();
-  for (int64_t base = lo + block.thread(); base < hi; base += kRowsPerLoad * stride) {
-    float x[kRowsPerLoad];
+  for (int64_t base = lo + block.thread(); base < hi; base += kElementsPerStep * stride) {
+    float x[kElementsPerStep];
     SPECDEC_UNROLL
-    for (int j = 0; j < kRowsPerLoad; ++j) {
+    for (int j = 0; j < kElementsPerStep; ++j) {
       const int64_t index = base + j * stride;
       x[j] = index < hi ? to_float(values[index]) : 0.0f;
     }
     SPECDEC_UNROLL
-    for (int j = 0; j < kRowsPerLoad; ++j) {
+    for (int j = 0; j < kElementsPerStep; ++j) {
       const int64_t index = base + j * stride;
       if (index < hi) best = MaxValue()(best, argmax_candidate(x[j], index));
     }
@@ -125,17 +125,17 @@ SPECDEC_HOST_DEVICE StatsPair slice_stats(const Block& block, const Prob* target
                                           int64_t hi, float temperature) {
   const int64_t stride = block.num_threads();
   StatsPair stats = {empty_stats(), empty_stats()};
-  for (int64_t base = lo + block.thread(); base < hi; base += kRowsPerLoad * stride) {
-    float x[kRowsPerLoad];
-    float y[kRowsPerLoad];
+  for (int64_t base = lo + block.thread(); base < hi; base += kElementsPerStep * stride) {
+    float x[kElementsPerStep];
+    float y[kElementsPerStep];
     SPECDEC_UNROLL
-    for (int j = 0; j < kRowsPerLoad; ++j) {
+    for (int j = 0; j < kElementsPerStep; ++j) {
       const int64_t index = base + j * stride;
       x[j] = index < hi ? to_float(target[index]) : 0.0f;
       y[j] = draft != nullptr && index < hi ? to_float(draft[index]) : 0.0f;
     }
     SPECDEC_UNROLL
-    for (int j = 0; j < kRowsPerLoad; ++j) {
+    for (int j = 0; j < kElementsPerStep; ++j) {
       if (base + j * stride < hi) {
         add_to_stats(stats.target, x[j], temperature);
         if (draft != nullptr) add_to_stats(stats.draft, y[j], temperature);
