@@ -2,8 +2,9 @@
 
 The interpreter accepts programs that cannot lower to a GPU (dynamic
 ``tl.arange`` bounds, type errors in lowering, unsupported ops), so CI also
-compiles each kernel variant for ``sm_90a`` and ``sm_80`` and reads ptxas's
-register and spill report. Run as ``python -m specdec_kernels._kernels.aot``
+compiles each kernel variant for ``sm_90a`` and ``sm_80``, reads ptxas's
+register and spill report and checks that every stride is widened to 64
+bits before use. Run as ``python -m specdec_kernels._kernels.aot``
 (with ``TRITON_INTERPRET`` unset); it prints one line per variant and exits
 non-zero on a compile error or a spill.
 """
@@ -104,6 +105,26 @@ def ptxas_report(ptx: str, capability: int, arch: str) -> tuple[int, int, int]:
     return registers, int(spills.group(1)), int(spills.group(2))
 
 
+def narrow_stride_uses(ptx: str, signature: dict) -> list[str]:
+    """PTX lines that use a 32-bit stride parameter other than in 64-bit arithmetic.
+
+    A stride multiplied in 32 bits (``mul.lo.s32``) overflows once
+    ``index * stride`` passes ``2**31`` (strided inputs); the kernels widen
+    every stride first, which ptxas sees as ``cvt.s64.s32`` or as the exact
+    32 x 32 -> 64-bit ``mul.wide.s32``.
+    """
+    runtime_params = [name for name, kind in signature.items() if kind != "constexpr"]
+    registers = []
+    for index, name in enumerate(runtime_params):
+        if name.startswith("stride_") and signature[name] == "i32":
+            match = re.search(rf"ld\.param\.b32\s+(%r\d+), \[\w+_param_{index}\];", ptx)
+            if match:
+                registers.append(match.group(1))
+    return [line.strip() for line in ptx.splitlines() for register in registers
+            if re.search(rf"{re.escape(register)}\b", line) and "ld.param" not in line
+            and not line.strip().startswith(("cvt.s64.s32", "mul.wide.s32"))]
+
+
 def compile_all() -> list[dict]:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -116,7 +137,8 @@ def compile_all() -> list[dict]:
                                       options=options)
             registers, spill_stores, spill_loads = ptxas_report(compiled.asm["ptx"], capability, arch)
             rows.append({"kernel": name, "arch": arch, "registers": registers, "spill_stores": spill_stores,
-                         "spill_loads": spill_loads})
+                         "spill_loads": spill_loads,
+                         "narrow_strides": narrow_stride_uses(compiled.asm["ptx"], signature)})
     return rows
 
 
@@ -128,7 +150,9 @@ def main() -> int:
     for row in rows:
         print(f"{row['kernel']:<66} {row['arch']:<7} {row['registers']:>4} registers, "
               f"{row['spill_stores']} B spill stores, {row['spill_loads']} B spill loads")
-    return 1 if any(row["spill_stores"] or row["spill_loads"] for row in rows) else 0
+        for line in row["narrow_strides"]:
+            print(f"    32-bit use of a stride: {line}")
+    return 1 if any(row["spill_stores"] or row["spill_loads"] or row["narrow_strides"] for row in rows) else 0
 
 
 if __name__ == "__main__":

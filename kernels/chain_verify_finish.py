@@ -1,9 +1,11 @@
-"""The combine step of ``kernels/chain_verify.py``: run by the last program of a row block.
+"""The steps of ``kernels/chain_verify.py`` that read other programs' results.
 
-Everything here is vectorised over the slices and chunks of the row block
-(``SPLIT_TILE`` slices / ``CHUNK_TILE`` chunks per step, one step unless the
-row has more), so the finishing program makes a few dependent round trips
-to L2, not one per slice.
+``wait_for`` is the bounded wait of wave 2 on wave 1; the rest is run by
+the program that writes a row block's outputs (the last to arrive, or the
+only one when a program holds whole rows). It is vectorised over the slices
+and chunks of the row block (``SPLIT_TILE`` slices / ``CHUNK_TILE`` chunks
+per step, one step unless the row has more), so the finishing program makes
+a few dependent round trips to L2, not one per slice.
 """
 
 import triton
