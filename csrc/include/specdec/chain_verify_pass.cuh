@@ -214,12 +214,27 @@ SPECDEC_HOST_DEVICE void sample_slice(const Block& block, const SampleRow<Prob>&
     if (group + block.thread() < chunk_hi) draws[block.thread()] = chunk_draw(key, row.position, group + block.thread());
     block.sync();
     const int64_t group_end = group + block.num_threads() < chunk_hi ? group + block.num_threads() : chunk_hi;
+    // The next chunk's span is loaded before this chunk's scan and its
+    // barriers, so two loads per thread are in flight instead of one.
+    const bool with_draft = kWays == 2 && row.draft != nullptr;
+    const int64_t thread_offset = static_cast<int64_t>(block.thread()) * kPerThread;
+    float next_p[kPerThread];
+    float next_q[kPerThread] = {};
+    load_span(row.target, group * kChunkSize + thread_offset, vocab_size, next_p);
+    if (with_draft) load_span(row.draft, group * kChunkSize + thread_offset, vocab_size, next_q);
     for (int64_t chunk = group; chunk < group_end; ++chunk) {
-      const int64_t first = chunk * kChunkSize + static_cast<int64_t>(block.thread()) * kPerThread;
+      const int64_t first = chunk * kChunkSize + thread_offset;
       float p[kPerThread];
-      float q[kPerThread] = {};
-      load_span(row.target, first, vocab_size, p);
-      if (kWays == 2 && row.draft != nullptr) load_span(row.draft, first, vocab_size, q);
+      float q[kPerThread];
+      SPECDEC_UNROLL
+      for (int j = 0; j < kPerThread; ++j) {
+        p[j] = next_p[j];
+        q[j] = next_q[j];
+      }
+      if (chunk + 1 < group_end) {
+        load_span(row.target, first + kChunkSize, vocab_size, next_p);
+        if (with_draft) load_span(row.draft, first + kChunkSize, vocab_size, next_q);
+      }
       uint64_t weights[kWays][kPerThread];
       SPECDEC_UNROLL
       for (int j = 0; j < kPerThread; ++j) {
