@@ -386,6 +386,24 @@ def test_host_program_clamps_num_draft_tokens():
 
 
 @needs_op
+def test_host_program_reuses_its_buffers_across_calls():
+    """One workspace and one set of counters for calls of every mode, as the launcher keeps them."""
+    batch_size, max_drafts, vocab_size = 3, 3, 2100
+    rows = max_drafts + 1
+    workspace = torch.full((4096,), -1, dtype=torch.int64)
+    arrivals = torch.zeros(batch_size + 2, dtype=torch.int32)
+    for index, (logits, num_splits) in enumerate([(False, 3), (True, 3), (True, 1), (False, 1), (True, 2)]):
+        case = make_case(batch_size, max_drafts, vocab_size, seed=50 + index, logits=logits, greedy_fraction=0.4)
+        output = torch.zeros(batch_size, rows, dtype=torch.int32)
+        num_accepted = torch.zeros(batch_size, dtype=torch.int32)
+        torch.ops.specdec_C.chain_verify(case["draft_token_ids"], case["target"], case["draft"],
+                                         case["num_draft_tokens"], case["temperature"], logits, None, 7, None, index,
+                                         workspace, arrivals, output, num_accepted, num_splits)
+        assert torch.equal(arrivals, torch.zeros_like(arrivals)), f"call {index}: {arrivals.tolist()}"
+        assert_same((output, num_accepted), run_op(case, 7, index, num_splits), f"call {index}")
+
+
+@needs_op
 def test_host_program_reports_dirty_counters_instead_of_hanging():
     """A ticket counter left nonzero (a call that never finished) is flagged, never an out-of-range role."""
     batch_size, rows, vocab_size = 2, 3, 2100
