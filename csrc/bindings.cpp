@@ -155,8 +155,9 @@ RngFillOutputs rng_fill_cuda(const std::optional<at::Tensor>& seed, int64_t seed
 
 // ---------------------------------------------------------------------------
 // chain_verify: fused chain verification (csrc/chain_verify.cu). The caller
-// allocates the outputs and lends the workspace and the arrival counters
-// (specdec_kernels/ops/chain_verify.py keeps them across calls).
+// allocates the outputs and lends the workspace and the counters
+// (specdec_kernels/launchers/chain_verify.py sizes them with
+// cuda_workspace_specs and keeps them across calls).
 
 struct ChainVerifyTensors {
   const at::Tensor& draft_token_ids;

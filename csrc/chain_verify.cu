@@ -68,9 +68,11 @@ void dispatch_dtypes(const ChainVerifyArgs& args, Body&& body) {
 // ---------------------------------------------------------------------------
 // Host emulation of a block: kSimtThreads std::threads run the block program
 // together, 2 warps of 4 lanes (small, so that loops over splits and
-// positions take several turns), with barriers where the GPU has
-// __syncthreads and shuffles. Barriers order all memory, so plain loads see
-// other threads' and earlier blocks' writes.
+// positions take several turns; a chunk is 128 elements per thread), with
+// barriers where the GPU has __syncthreads and shuffles. Barriers order all
+// memory, so plain loads see other threads' and earlier blocks' writes.
+// Blocks run one after another, so nothing ever waits on a block that has
+// not run: a wait that would fail sets the error flag instead.
 
 constexpr int kSimtWarps = 2;
 constexpr int kSimtLanes = 4;
