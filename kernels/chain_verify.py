@@ -14,11 +14,12 @@ acceptance tests from gathers of ``p(t_i)`` and ``q(t_i)`` (K values: cheaper
 than any cross-program exchange) and so knows the stop position ``j``. It then
 reads its slice of row ``j`` only (rows past ``j`` are never read) and
 writes, per chunk, the chunk total and candidate of the residual
-``max(0, p - q)`` (or of ``p``: bonus row, invalid id) and, for residual
-rows, those of ``p`` too (the fallback when the residual has no mass). An
-arrival counter per row block finds the last program to finish, which
-chooses among the chunk totals (``kernels/chain_verify_finish.py``), writes
-the outputs and puts the counter back to zero (no memset launch). Greedy
+``max(0, p - q)`` (or of ``p``: bonus row, invalid id;
+``kernels/chain_verify_rows.py``). An arrival counter per row block finds
+the last program to finish, which chooses among the chunk totals
+(``kernels/chain_verify_finish.py``; where a residual has no mass it samples
+``p`` itself, a case that valid inputs all but never reach), writes the
+outputs and puts the counter back to zero (no memset launch). Greedy
 requests need the argmax of every row up to the first mismatch, which no
 program can know alone: for them every program records per-slice maxima of
 the rows ``0..n_b`` and the last program decides.
@@ -51,21 +52,16 @@ Every arrival is preceded by ``tl.debug_barrier()`` so the whole program's
 stores are issued before the release (Triton does not promise that barrier
 itself), and followed by one so the acquire covers every thread.
 
-Offsets that multiply a stride are 64-bit: ``K * stride`` passes ``2**31`` for
-strided inputs.
+Offsets that multiply a stride are 64-bit (``row_pointers``).
 """
 
 import triton
 import triton.language as tl
 
 from .chain_verify_finish import greedy_decisions, sampled_tokens, wait_for, write_outputs
+from .chain_verify_rows import row_pointers, sample_slice
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
-from .sampling import chunk_draw, chunk_pick, fixed_point, softmax_weight
-
-
-@triton.jit
-def _row_pointers(base_ptr, requests, stride_request, position, stride_position):
-    return base_ptr + requests.to(tl.int64) * stride_request + tl.cast(position, tl.int64) * stride_position
+from .sampling import softmax_weight
 
 
 @triton.jit
@@ -124,8 +120,8 @@ def _scan_statistics(
     slot = requests.to(tl.int64) * BLOCK_K1 * num_splits + split
     for position in range(0, max_drafts + 1):
         row_max, row_arg, row_sum, drow_max, drow_sum = _row_statistics(
-            _row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)[:, None],
-            _row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)[:, None],
+            row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)[:, None],
+            row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)[:, None],
             (target_rows & (position <= num_drafts))[:, None], (draft_rows & (position < num_drafts))[:, None],
             inverse_temperature, vocab_lo, vocab_hi, LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
         here = slot + position * num_splits
@@ -175,8 +171,8 @@ def _walk_rows(
         here = positions == position
         token = tl.sum(tl.where(here, safe_ids, 0), axis=1)
         drafted = going & (position < num_drafts) & (tl.max((here & valid).to(tl.int32), axis=1) > 0)
-        target_row = _row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)
-        draft_row = _row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)
+        target_row = row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)
+        draft_row = row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)
         row_max, row_arg, row_sum, drow_max, drow_sum = _row_statistics(
             target_row[:, None], draft_row[:, None], going[:, None],
             (going & sampled & (position < num_drafts))[:, None],
@@ -234,54 +230,6 @@ def _combine_normalisers(stat_max_ptr, stat_sum_ptr, requests, rows, num_splits,
 
 
 @triton.jit
-def _sample_slice(
-    target_ptr, draft_ptr, chunk_total_ptr, chunk_pick_ptr,
-    requests, sampled, subtract, stop, stop_token, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm,
-    inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
-    stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
-    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_V: tl.constexpr,
-):
-    """Chunk totals and candidates of this slice of row ``stop``, stored at ``[request, which, chunk]``.
-
-    ``which = 0``: the residual ``max(0, p - q)`` where ``subtract``, else
-    ``p``; ``which = 1``: ``p`` of the residual rows (the fallback). Both use
-    the chunk's one draw, as the reference does.
-    """
-    vocab = tl.arange(0, BLOCK_V)[None, :]
-    target_row = _row_pointers(target_ptr, requests, stride_target_b, stop, stride_target_k)[:, None]
-    draft_row = _row_pointers(draft_ptr, requests, stride_draft_b, stop, stride_draft_k)[:, None]
-    slot = requests.to(tl.int64) * 2 * num_chunks
-    subtracting = subtract[:, None]
-    any_subtract = tl.max(subtract.to(tl.int32), axis=0) > 0
-    for chunk in range(chunk_lo, chunk_hi):
-        index = chunk * BLOCK_V + vocab
-        mask = sampled[:, None] & (index < vocab_size)
-        if LOGITS:
-            x = tl.load(target_row + index, mask=mask, other=-float("inf")).to(tl.float32)
-            p = softmax_weight(x - stop_max[:, None], inverse_temperature[:, None]) * stop_inverse_norm[:, None]
-        else:
-            p = tl.load(target_row + index, mask=mask, other=0.0).to(tl.float32)
-        if HAS_DRAFT:
-            if LOGITS:
-                y = tl.load(draft_row + index, mask=mask & subtracting, other=-float("inf")).to(tl.float32)
-                q = softmax_weight(y - stop_dmax[:, None], inverse_temperature[:, None]) * stop_dinverse_norm[:, None]
-                q = tl.where(subtracting, q, 0.0)
-            else:
-                q = tl.load(draft_row + index, mask=mask & subtracting, other=0.0).to(tl.float32)
-        else:
-            q = tl.where(subtracting & (index == stop_token[:, None]), 1.0, 0.0)
-        draw = chunk_draw(k0, k1, c2, c3, stop, chunk)
-        # fixed_point maps the negatives and NaNs of p - q to 0: max(0, p - q) in one step.
-        total, offset = chunk_pick(fixed_point(p - q), draw)
-        tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
-        tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
-        if any_subtract:
-            total, offset = chunk_pick(fixed_point(p), draw)
-            tl.store(chunk_total_ptr + slot + num_chunks + chunk, total, mask=subtract)
-            tl.store(chunk_pick_ptr + slot + num_chunks + chunk, chunk * BLOCK_V + offset, mask=subtract)
-
-
-@triton.jit
 def _draft_tokens(draft_ids_ptr, requests, active, num_drafts, vocab_size, stride_ids_b, BLOCK_K1: tl.constexpr):
     """Draft ids ``[ROWS, BLOCK_K1]`` (int64, -1 past ``n_b``), their validity and the ids clamped into range."""
     positions = tl.arange(0, BLOCK_K1)[None, :]
@@ -300,7 +248,7 @@ def _chain_verify_kernel(
     draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, temperature_ptr,
     seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
     output_ptr, num_accepted_ptr,
-    # workspace: chunk results [B, 2, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters
+    # workspace: chunk results [B, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters
     chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
     tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, timeouts_ptr,
     batch_size, max_drafts, vocab_size, num_chunks, num_splits, chunks_per_split,
@@ -357,7 +305,7 @@ def _chain_verify_kernel(
         at_stop = positions == stop[:, None]
         subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
         if tl.max(sampled.to(tl.int32), axis=0) > 0:
-            _sample_slice(
+            sample_slice(
                 target_ptr, draft_ptr, chunk_total_ptr, chunk_pick_ptr,
                 requests, sampled, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
                 stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm,
@@ -367,8 +315,9 @@ def _chain_verify_kernel(
             )
         tl.debug_barrier()  # the chunk results this program wrote, visible to all its threads
         token = tl.where(greedy, greedy_token, sampled_tokens(
-            chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, k0, k1, c2, c3, num_chunks,
-            ROWS, CHUNK_TILE))
+            target_ptr, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max,
+            stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_b,
+            stride_target_k, LOGITS, ROWS, BLOCK_V, CHUNK_TILE))
         write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
                       stride_output_b, BLOCK_K1)
     else:
@@ -402,10 +351,10 @@ def _chain_verify_kernel(
             in_chain, token_ids, valid, safe_ids = _draft_tokens(draft_ids_ptr, requests, active, num_drafts,
                                                                  vocab_size, stride_ids_b, BLOCK_K1)
             gather = valid & sampled[:, None]
-            target_at = tl.load(_row_pointers(target_ptr, requests[:, None], stride_target_b, positions,
+            target_at = tl.load(row_pointers(target_ptr, requests[:, None], stride_target_b, positions,
                                               stride_target_k) + safe_ids, mask=gather, other=0.0).to(tl.float32)
             if HAS_DRAFT:
-                draft_at = tl.load(_row_pointers(draft_ptr, requests[:, None], stride_draft_b, positions,
+                draft_at = tl.load(row_pointers(draft_ptr, requests[:, None], stride_draft_b, positions,
                                                  stride_draft_k) + safe_ids, mask=gather, other=0.0).to(tl.float32)
             else:
                 draft_at = tl.full((ROWS, BLOCK_K1), 1.0, tl.float32)
@@ -432,16 +381,15 @@ def _chain_verify_kernel(
             stop = tl.minimum(stop, num_drafts)
             at_stop = positions == stop[:, None]
             subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
+            stop_max = tl.sum(tl.where(at_stop, target_max, 0.0), axis=1)
+            stop_inverse_norm = tl.sum(tl.where(at_stop, target_inverse_norm, 0.0), axis=1)
 
             if tl.max(sampled.to(tl.int32), axis=0) > 0:
-                _sample_slice(
+                sample_slice(
                     target_ptr, draft_ptr, chunk_total_ptr, chunk_pick_ptr,
                     requests, sampled, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
-                    tl.sum(tl.where(at_stop, target_max, 0.0), axis=1),
-                    tl.sum(tl.where(at_stop, target_inverse_norm, 0.0), axis=1),
-                    tl.sum(tl.where(at_stop, draft_max, 0.0), axis=1),
-                    tl.sum(tl.where(at_stop, draft_inverse_norm, 0.0), axis=1),
-                    inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
+                    stop_max, stop_inverse_norm, tl.sum(tl.where(at_stop, draft_max, 0.0), axis=1),
+                    tl.sum(tl.where(at_stop, draft_inverse_norm, 0.0), axis=1), inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
                     stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
                     LOGITS, HAS_DRAFT, BLOCK_V,
                 )
@@ -459,8 +407,9 @@ def _chain_verify_kernel(
                     stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, valid, in_chain, num_drafts,
                     num_splits, max_drafts, LOGITS, ROWS, BLOCK_K1, SPLIT_TILE)
                 token = tl.where(greedy, greedy_token, sampled_tokens(
-                    chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, k0, k1, c2, c3, num_chunks,
-                    ROWS, CHUNK_TILE))
+                    target_ptr, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max,
+                    stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_b,
+                    stride_target_k, LOGITS, ROWS, BLOCK_V, CHUNK_TILE))
                 write_outputs(output_ptr, num_accepted_ptr, requests, active, tl.where(greedy, greedy_stop, stop),
                               token, token_ids, max_drafts, stride_output_b, BLOCK_K1)
 

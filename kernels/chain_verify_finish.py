@@ -11,6 +11,7 @@ a few dependent round trips to L2, not one per slice.
 import triton
 import triton.language as tl
 
+from .chain_verify_rows import sample_slice
 from .sampling import choice_draw, choose_chunk, chunk_sums
 
 # Polls before a wait gives up (each is an L2 round trip, ~1 us: seconds in
@@ -55,17 +56,35 @@ def _combine_argmax(stat_max_ptr, stat_arg_ptr, requests, rows, num_splits, max_
 
 
 @triton.jit
-def sampled_tokens(chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, k0, k1, c2, c3, num_chunks,
-                   ROWS: tl.constexpr, CHUNK_TILE: tl.constexpr):
-    """The sampled requests' tokens: the residual's chunks, or p's where the residual has no mass."""
-    row_offset = requests.to(tl.int64) * 2 * num_chunks
+def sampled_tokens(
+    target_ptr, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max, stop_inverse_norm,
+    inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_b, stride_target_k,
+    LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr,
+):
+    """The sampled requests' tokens from the chunk results of their stop rows; -1 for a row without mass.
+
+    A residual without mass falls back to ``p``, whose chunk results this
+    program then computes itself over the whole row. Rare by construction:
+    it needs ``p - q < 2**-52`` at every token, and with normalised ``p`` and
+    ``q`` that makes a rejection (probability ``1 - min(1, p/q)``) all but
+    impossible; so no program pays a second scan per element for it.
+    """
+    row_offset = requests.to(tl.int64) * num_chunks
     high31, low31 = chunk_sums(chunk_total_ptr, row_offset, sampled, num_chunks, ROWS, CHUNK_TILE)
-    fallback_high31, fallback_low31 = chunk_sums(chunk_total_ptr, row_offset + num_chunks, subtract, num_chunks,
-                                                 ROWS, CHUNK_TILE)
-    use_fallback = subtract & (high31 == 0) & (low31 == 0)
-    row_offset = tl.where(use_fallback, row_offset + num_chunks, row_offset)
-    high31 = tl.where(use_fallback, fallback_high31, high31)
-    low31 = tl.where(use_fallback, fallback_low31, low31)
+    without_mass = subtract & (high31 == 0) & (low31 == 0)
+    if tl.max(without_mass.to(tl.int32), axis=0) > 0:
+        no_subtract = without_mass & False
+        sample_slice(
+            target_ptr, target_ptr, chunk_total_ptr, chunk_pick_ptr,
+            requests, without_mass, no_subtract, stop, stop, stop_max, stop_inverse_norm, stop_max,
+            stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, 0, num_chunks, vocab_size,
+            stride_target_b, stride_target_k, 0, 0, LOGITS, False, BLOCK_V,
+        )
+        tl.debug_barrier()  # the chunk results just written, visible to every thread
+        fallback_high31, fallback_low31 = chunk_sums(chunk_total_ptr, row_offset, without_mass, num_chunks, ROWS,
+                                                     CHUNK_TILE)
+        high31 = tl.where(without_mass, fallback_high31, high31)
+        low31 = tl.where(without_mass, fallback_low31, low31)
     return choose_chunk(chunk_total_ptr, chunk_pick_ptr, row_offset, sampled, num_chunks, high31, low31,
                         choice_draw(k0, k1, c2, c3, stop), ROWS, CHUNK_TILE)
 

@@ -358,7 +358,7 @@ def test_workspace_specs_cover_every_smaller_call(monkeypatch, multiprocessors):
             for vocab_size in (1, 16, 1000, 1025, 5000, 32000, 130000):
                 config = launcher.launch_config(batch_size, rows_per_request, vocab_size, multiprocessors)
                 needed = {
-                    "chain_verify.chunk_total": batch_size * 2 * config.num_chunks,
+                    "chain_verify.chunk_total": batch_size * config.num_chunks,
                     "chain_verify.stat_max": batch_size * config.block_k1 * config.num_splits,
                     "chain_verify.arrivals": -(-batch_size // config.rows),
                 }

@@ -82,7 +82,7 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     capture. Every size is non-decreasing in ``B``, ``K + 1`` and ``V``, so a
     reservation for the largest sizes covers every smaller call (the slice
     count is not monotone in ``B``, so the statistics are sized by a bound).
-    Chunk results are ``[B, 2, chunks]`` (residual and fallback), statistics
+    Chunk results are ``[B, chunks]``, statistics
     ``[B, BLOCK_K1, SPLITS]``; counters are left at zero by every call, and
     ``timeout_counter`` counts waits that gave up (0 unless something is
     badly wrong; named a counter so that checks for counters at zero see it).
@@ -90,7 +90,7 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
     num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
-    chunk_slots = batch_size * 2 * num_chunks
+    chunk_slots = batch_size * num_chunks
     # Slices per request: at most the chunks and the limit. On a GPU whose
     # tile is at most a chunk, a row of several chunks gets a program to
     # itself, and then B * cdiv(2 * SMs, B) <= B + 2 * SMs.
