@@ -37,8 +37,27 @@ CHAIN_VERIFY_SHAPES = (
 )
 
 
+def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
+    """The ``tt.divisibility = 16`` attributes Triton's JIT gives these arguments (what a real launch compiles).
+
+    Pointers of torch allocations are 16-byte aligned, and an int divisible
+    by 16 is specialised unless the kernel says ``do_not_specialize``.
+    Without them the compile would not vectorise loads and its register and
+    instruction counts would not be the ones a GPU runs.
+    """
+    unspecialised = set(kernel.do_not_specialize) if hasattr(kernel, "do_not_specialize") else set()
+    unspecialised |= {kernel.arg_names[index] if isinstance(index, int) else index for index in unspecialised}
+    attrs = {}
+    for index, (name, kind) in enumerate(signature.items()):
+        aligned_pointer = kind.startswith("*")
+        divisible_int = kind == "i32" and name not in unspecialised and values.get(name, 1) % 16 == 0
+        if aligned_pointer or divisible_int:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
 def chain_verify_variants():
-    """``(name, kernel, signature, constexprs, options)`` for the launcher's configurations."""
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's configurations."""
     from specdec_kernels.launchers.chain_verify import launch_config
 
     from .chain_verify import _chain_verify_kernel
@@ -74,7 +93,11 @@ def chain_verify_variants():
         options = {"num_warps": 4, "enable_fp_fusion": False}
         if config.max_registers is not None:
             options["maxnreg"] = config.max_registers
-        variants.append((name, _chain_verify_kernel, signature, constexprs, options))
+        # Contiguous inputs: the strides and sizes the launcher passes for these shapes.
+        values = {"vocab_size": vocab, "stride_target_b": (drafts + 1) * vocab, "stride_target_k": vocab,
+                  "stride_draft_b": drafts * vocab if draft else 0, "stride_draft_k": vocab if draft else 0}
+        attrs = _jit_divisibility(signature, values, _chain_verify_kernel)
+        variants.append((name, _chain_verify_kernel, signature, constexprs, options, attrs))
     return variants
 
 
@@ -130,9 +153,9 @@ def compile_all() -> list[dict]:
     from triton.backends.compiler import GPUTarget
 
     rows = []
-    for name, kernel, signature, constexprs, options in chain_verify_variants():
+    for name, kernel, signature, constexprs, options, attrs in chain_verify_variants():
         for capability, arch in TARGETS:
-            source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+            source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
             compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
                                       options=options)
             registers, spill_stores, spill_loads = ptxas_report(compiled.asm["ptx"], capability, arch)
