@@ -119,11 +119,11 @@ class RequestKeys:
         self.c2 = offset64 & _MASK32
         self.c3 = ((offset64 >> 32) & _MASK32) ^ request
 
-    def words(self, stream: int, position: torch.Tensor, index: torch.Tensor):
+    def words(self, stream, position: torch.Tensor, index: torch.Tensor):
         """Philox words for every ``(b, ...)``.
 
-        ``position`` and ``index`` are int64 tensors broadcastable to a shape
-        whose first dimension is the batch.
+        ``position`` and ``index`` (and ``stream``, an int or a tensor) are
+        int64 broadcastable to a shape whose first dimension is the batch.
         """
         shape = torch.broadcast_shapes(position.shape, index.shape)
         extra = (1,) * (len(shape) - 1)

@@ -53,11 +53,13 @@ def probabilities(x: torch.Tensor, temperature: torch.Tensor | None, logits: boo
     ones; a row of NaN or ``-inf``, or one holding ``+inf``, has no mass.
     Greedy requests (``T_b == 0``) use ``T = 1`` here (they only use argmaxes).
     """
-    x = x.to(torch.float32)
+    converted = x.to(torch.float32)
     if not logits:
-        return x
-    x = torch.nan_to_num(x, nan=-float("inf"), posinf=float("inf"), neginf=-float("inf"))
-    shift = x - x.amax(dim=-1, keepdim=True)
+        return converted
+    # In place on a tensor of our own (a float32 input is never modified).
+    shift = converted.nan_to_num_ if converted is not x else converted.nan_to_num
+    shift = shift(nan=-float("inf"), posinf=float("inf"), neginf=-float("inf"))
+    shift.sub_(shift.amax(dim=-1, keepdim=True))
     if temperature is not None:
         safe_temperature = torch.where(temperature > 0, temperature, 1.0).to(torch.float32)
         shift.div_(safe_temperature.view(-1, *([1] * (x.dim() - 1))))
@@ -115,25 +117,34 @@ def fixed_point(weights: torch.Tensor) -> torch.Tensor:
     return w.mul_(float(2**SCALE_BITS)).to(torch.int64)
 
 
+def num_chunks(vocab_size: int) -> int:
+    return max(1, -(-vocab_size // CHUNK_SIZE))
+
+
 def sample(keys: rng.RequestKeys, position: torch.Tensor, fixed_weights: torch.Tensor) -> torch.Tensor:
     """Sample ``[B]`` tokens (int64) from int64 weights ``[B, V]`` at ``position [B]``; ``-1`` without mass.
 
     See the module docstring: one candidate per chunk, then one chunk by its
     total, all in exact integer arithmetic.
     """
+    chunks = torch.arange(num_chunks(fixed_weights.shape[-1]), dtype=torch.int64, device=fixed_weights.device)
+    words = keys.words(rng.SAMPLE_STREAM, position.view(-1, 1), chunks.view(1, -1))
+    return sample_from_words(words, fixed_weights)
+
+
+def sample_from_words(words, fixed_weights: torch.Tensor) -> torch.Tensor:
+    """:func:`sample` given the Philox words ``(w0, w1, w2, w3)``, each ``[B, num_chunks]``, of the sample."""
     batch_size, vocab_size = fixed_weights.shape
-    device = fixed_weights.device
-    num_chunks = max(1, -(-vocab_size // CHUNK_SIZE))
-    padded = torch.nn.functional.pad(fixed_weights, (0, num_chunks * CHUNK_SIZE - vocab_size))
-    prefix = padded.view(batch_size, num_chunks, CHUNK_SIZE).cumsum(dim=-1)
+    chunk_count = num_chunks(vocab_size)
+    padded = torch.nn.functional.pad(fixed_weights, (0, chunk_count * CHUNK_SIZE - vocab_size))
+    prefix = padded.view(batch_size, chunk_count, CHUNK_SIZE).cumsum(dim=-1)
     chunk_total = prefix[..., -1]
 
-    chunks = torch.arange(num_chunks, dtype=torch.int64, device=device)
-    words = keys.words(rng.SAMPLE_STREAM, position.view(-1, 1), chunks.view(1, -1))
     chunk_draw = _unsigned.from_words(words[0], words[1])
     threshold = _unsigned.mul_high(chunk_draw, chunk_total)
     # The prefix is non-decreasing: the count of prefixes <= threshold is a binary search.
-    candidate = torch.searchsorted(prefix, threshold.unsqueeze(-1), right=True).squeeze(-1) + chunks * CHUNK_SIZE
+    chunk_start = torch.arange(0, chunk_count * CHUNK_SIZE, CHUNK_SIZE, device=fixed_weights.device)
+    candidate = torch.searchsorted(prefix, threshold.unsqueeze(-1), right=True).squeeze(-1) + chunk_start
 
     # Inclusive 128-bit prefix of the chunk totals: split each total at bit 31
     # so that both int64 cumsums are exact, then recombine.
@@ -144,7 +155,7 @@ def sample(keys: rng.RequestKeys, position: torch.Tensor, fixed_weights: torch.T
     choice_draw = _unsigned.from_words(words[2][:, :1], words[3][:, :1])
     target_hi, target_lo = _unsigned.scale_down128(choice_draw, total_hi, total_lo)
     chunk = _unsigned.less_equal128(prefix_hi, prefix_lo, target_hi, target_lo).sum(dim=-1, keepdim=True)
-    token = candidate.gather(-1, chunk.clamp_max(num_chunks - 1)).squeeze(-1)
+    token = candidate.gather(-1, chunk.clamp_max(chunk_count - 1)).squeeze(-1)
     has_mass = ((total_hi != 0) | (total_lo != 0)).squeeze(-1)
     return torch.where(has_mass, token, -1)
 

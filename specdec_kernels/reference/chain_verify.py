@@ -54,7 +54,7 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
         draft_at_draft = draft_probs.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
 
     keys = rng.RequestKeys(seed, offset, batch_size, device)
-    uniforms = _sampling.acceptance_uniforms(keys, positions.view(1, -1).expand(batch_size, -1))
+    uniforms, sample_words = _draws(keys, max_drafts, _sampling.num_chunks(vocab_size), device)
     sampled_accept = _sampling.accept(uniforms, target_at_draft, draft_at_draft)
     if temperature is None:
         accepted = valid & sampled_accept
@@ -77,7 +77,8 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
         draft_row = torch.nn.functional.one_hot(stop_token, vocab_size).to(torch.float32)
     else:
         draft_row = _row_at(draft_probs, stop.clamp_max(max_drafts - 1))
-    emitted = _sampling.sample(keys, stop, _sampling.residual_weights(target_row, draft_row, rejected_valid))
+    stop_words = [_row_at(words, stop) for words in sample_words]
+    emitted = _sampling.sample_from_words(stop_words, _sampling.residual_weights(target_row, draft_row, rejected_valid))
     if temperature is not None:
         emitted = torch.where(greedy, _sampling.greedy_tokens(_row_at(target, stop), logits), emitted)
 
@@ -87,8 +88,31 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     return output, num_accepted.to(torch.int32)
 
 
+def _draws(keys: rng.RequestKeys, max_drafts: int, num_chunks: int, device):
+    """Acceptance uniforms ``[B, K]`` and the sample's Philox words (4 x ``[B, K+1, num_chunks]``).
+
+    Every counter of the call in one Philox evaluation (the words of the
+    sample at every position, though one position is used): at small batches
+    the reference's time is the number of tensor ops, not their size.
+    """
+    sample_positions = torch.arange(max_drafts + 1, device=device).repeat_interleave(num_chunks)
+    position = torch.cat([torch.arange(max_drafts, device=device), sample_positions])
+    index = torch.cat([torch.zeros(max_drafts, dtype=torch.int64, device=device),
+                       torch.arange(num_chunks, device=device).repeat(max_drafts + 1)])
+    stream = torch.cat([torch.full((max_drafts,), rng.ACCEPT_STREAM, device=device),
+                        torch.full(sample_positions.shape, rng.SAMPLE_STREAM, device=device)])
+    words = keys.words(stream.view(1, -1), position.view(1, -1), index.view(1, -1))
+    uniforms = rng.uniform_from_word(words[0][:, :max_drafts])
+    batch_size = uniforms.shape[0]
+    return uniforms, [word[:, max_drafts:].reshape(batch_size, max_drafts + 1, num_chunks) for word in words]
+
+
 def _row_at(tensor: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """``tensor[b, position[b]]`` for every ``b``: a gather, which reads one row per request
-    (advanced indexing takes a slow path on CPU, ~2 ms for one 32k row)."""
-    batch_size, _, vocab_size = tensor.shape
-    return tensor.gather(1, position.view(batch_size, 1, 1).expand(batch_size, 1, vocab_size)).squeeze(1)
+    """``tensor[b, position[b]]`` for every ``b``, as one ``index_select`` of rows.
+
+    On this CPU it is 5x faster than a gather with an expanded index and 3x
+    faster than advanced indexing (B = 8, V = 32000: 145 vs 1711 vs 418 us).
+    """
+    batch_size, rows, width = tensor.shape
+    flat_rows = torch.arange(batch_size, device=tensor.device) * rows + position
+    return tensor.reshape(batch_size * rows, width).index_select(0, flat_rows)
