@@ -66,8 +66,8 @@ def sampled_tokens(
     A residual without mass falls back to ``p``, whose chunk results this
     program then computes itself over the whole row. Rare by construction:
     it needs ``p - q < 2**-52`` at every token, and with normalised ``p`` and
-    ``q`` that makes a rejection (probability ``1 - min(1, p/q)``) all but
-    impossible; so no program pays a second scan per element for it.
+    ``q`` a rejection then has probability ``sum max(0, p - q) < V * 2**-52``;
+    so no program pays a second scan per element for it.
     """
     row_offset = requests.to(tl.int64) * num_chunks
     high31, low31 = chunk_sums(chunk_total_ptr, row_offset, sampled, num_chunks, ROWS, CHUNK_TILE)
