@@ -57,3 +57,23 @@ def test_capture_uses_the_reservation_for_capture(monkeypatch):
 def test_reserve_workspace_checks_its_sizes():
     with pytest.raises(ValueError, match="`vocab_size` must be a positive int"):
         sk.reserve_workspace("cpu", batch_size=1, max_draft_tokens=4, vocab_size=0)
+
+
+def test_a_reservation_serves_a_captured_call(monkeypatch):
+    """reserve_workspace at the largest sizes, then a smaller call "under capture" on a new stream
+    allocates nothing and still equals the reference."""
+    from conftest import backend_or_skip
+
+    backend = backend_or_skip("chain_verify", "triton")
+    sk.reserve_workspace("cpu", batch_size=5, max_draft_tokens=3, vocab_size=2100, logits=True)
+    generator = torch.Generator().manual_seed(1)
+    target = torch.softmax(torch.randn(3, 3, 1500, generator=generator), -1)
+    draft = torch.softmax(torch.randn(3, 2, 1500, generator=generator), -1)
+    ids = torch.multinomial(draft.view(-1, 1500), 1, generator=generator).view(3, 2)
+    expected = sk.chain_verify(ids, target, draft, seed=4, offset=1, backend="reference")
+    reserved = dict(_workspace._buffers)
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    monkeypatch.setattr(_workspace, "_stream_key", lambda device: 777)
+    actual = sk.chain_verify(ids, target, draft, seed=4, offset=1, backend=backend)
+    assert _workspace._buffers == reserved  # nothing allocated
+    assert all(torch.equal(e, a) for e, a in zip(expected, actual))
