@@ -32,6 +32,51 @@ def pack_mask_words(bits: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32)
 
 
+def validate_parents(parents: torch.Tensor, num_nodes: torch.Tensor | None) -> torch.Tensor | None:
+    """Host-side check of a tree's structure (synchronises); ``ValueError`` on the first problem.
+
+    Checks, for every request ``b`` with ``n_b`` nodes (``N`` when
+    ``num_nodes`` is None): ``1 <= n_b <= N``; ``parents[b, 0] == -1``;
+    ``0 <= parents[b, i] < i`` for ``1 <= i < n_b`` (so no cycles). Entries at
+    or past ``n_b`` are not checked. The message names the argument and the
+    offending request and node. Returns the bool ``[B, N]`` mask of checked
+    non-root nodes (``1 <= i < n_b``), or ``None`` when ``N == 0``.
+    """
+    batch_size, tree_size = parents.shape
+    device = parents.device
+    if num_nodes is None:
+        counts = torch.full((batch_size,), tree_size, dtype=torch.int64, device=device)
+    else:
+        counts = num_nodes.to(device=device, dtype=torch.int64)
+        bad = (counts < 1) | (counts > tree_size)
+        if bool(bad.any()):
+            request = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"`num_nodes` must lie in [1, N] = [1, {tree_size}]; "
+                f"request {request} has {int(counts[request])}"
+            )
+    if tree_size == 0:
+        return None
+    bad_root = parents[:, 0] != -1
+    if bool(bad_root.any()):
+        request = int(bad_root.nonzero()[0, 0])
+        raise ValueError(
+            f"`parents` must hold -1 at the root (node 0); request {request} node 0 "
+            f"has {int(parents[request, 0])}"
+        )
+    nodes = torch.arange(tree_size, device=device).view(1, -1)
+    used = (nodes >= 1) & (nodes < counts.view(-1, 1))
+    parent_ids = parents.to(torch.int64)
+    bad_parent = used & ((parent_ids < 0) | (parent_ids >= nodes))
+    if bool(bad_parent.any()):
+        request, node = (int(i) for i in bad_parent.nonzero()[0])
+        raise ValueError(
+            f"`parents` must satisfy 0 <= parents[b, i] < i (topological order); "
+            f"request {request} node {node} has parent {int(parents[request, node])}"
+        )
+    return used
+
+
 def build_tree(
     parents: torch.Tensor,
     num_nodes: torch.Tensor | None = None,

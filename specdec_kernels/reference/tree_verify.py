@@ -28,6 +28,7 @@ import torch
 
 from .. import rng
 from . import _sampling
+from .build_tree import validate_parents
 
 DRAFT_SAMPLING = ("with_replacement", "without_replacement")
 
@@ -163,40 +164,13 @@ def validate_tree(parents, num_nodes, tree_token_ids, vocab_size: int) -> None:
     ``0 <= parents[b, i] < i`` and ``0 <= tree_token_ids[b, i] < vocab_size``
     for ``1 <= i < n_b``. Entries at or past ``n_b`` are not checked, nor is
     the root's token (it is not verified). The message names the argument
-    and the offending request and node.
+    and the offending request and node. The structure checks are
+    ``build_tree.validate_parents``, shared with ``sk.build_tree``.
     """
-    batch_size, tree_size = parents.shape
-    device = parents.device
-    if num_nodes is None:
-        counts = torch.full((batch_size,), tree_size, dtype=torch.int64, device=device)
-    else:
-        counts = num_nodes.to(device=device, dtype=torch.int64)
-        bad = (counts < 1) | (counts > tree_size)
-        if bool(bad.any()):
-            request = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"`num_nodes` must lie in [1, N] = [1, {tree_size}]; "
-                f"request {request} has {int(counts[request])}"
-            )
-    if tree_size == 0:
+    used = validate_parents(parents, num_nodes)
+    if used is None:
         return
-    bad_root = parents[:, 0] != -1
-    if bool(bad_root.any()):
-        request = int(bad_root.nonzero()[0, 0])
-        raise ValueError(
-            f"`parents` must hold -1 at the root (node 0); request {request} node 0 "
-            f"has {int(parents[request, 0])}"
-        )
-    nodes = torch.arange(tree_size, device=device).view(1, -1)
-    used = (nodes >= 1) & (nodes < counts.view(-1, 1))
-    parent_ids = parents.to(torch.int64)
-    bad_parent = used & ((parent_ids < 0) | (parent_ids >= nodes))
-    if bool(bad_parent.any()):
-        request, node = (int(i) for i in bad_parent.nonzero()[0])
-        raise ValueError(
-            f"`parents` must satisfy 0 <= parents[b, i] < i (topological order); "
-            f"request {request} node {node} has parent {int(parents[request, node])}"
-        )
+    device = parents.device
     token_ids = tree_token_ids.to(device=device, dtype=torch.int64)
     bad_token = used & ((token_ids < 0) | (token_ids >= vocab_size))
     if bool(bad_token.any()):
