@@ -37,6 +37,16 @@ CHAIN_VERIFY_SHAPES = (
 )
 
 
+# (tree size, parents dtype, prefix_lens dtype): N <= 64 is one program per
+# request, N = 1024 the widest mask row (32 words).
+BUILD_TREE_SHAPES = (
+    (8, "i32", "i32"),
+    (64, "i32", "i64"),
+    (256, "i64", "i32"),
+    (1024, "i32", "i64"),
+)
+
+
 def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
     """The ``tt.divisibility = 16`` attributes Triton's JIT gives these arguments (what a real launch compiles).
 
@@ -101,6 +111,38 @@ def chain_verify_variants():
     return variants
 
 
+def build_tree_variants():
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's build_tree configurations."""
+    from specdec_kernels.launchers.build_tree import NUM_WARPS, launch_config
+
+    from .build_tree import _build_tree_kernel
+
+    variants = []
+    for tree_size, parents_dtype, prefix_dtype in BUILD_TREE_SHAPES:
+        config = launch_config(tree_size)
+        signature = {
+            "parents_ptr": f"*{parents_dtype}", "num_nodes_ptr": f"*{parents_dtype}",
+            "prefix_lens_ptr": f"*{prefix_dtype}",
+            "mask_ptr": "*i32", "depth_ptr": "*i32", "positions_ptr": "*i64",
+            "max_nodes": "i32", "num_words": "i32",
+            "stride_parents_b": "i32", "stride_parents_n": "i32", "stride_num_nodes": "i32", "stride_prefix": "i32",
+        }
+        constexprs = {"HAS_NUM_NODES": True, "HAS_PREFIX": True, "BLOCK_NODES": config.block_nodes,
+                      "BLOCK_WORDS": config.block_words}
+        signature.update({key: "constexpr" for key in constexprs})
+        name = f"build_tree N={tree_size} parents {parents_dtype} prefix {prefix_dtype} nodes={config.block_nodes}"
+        values = {"max_nodes": tree_size, "num_words": -(-tree_size // 32), "stride_parents_b": tree_size,
+                  "stride_parents_n": 1, "stride_num_nodes": 1, "stride_prefix": 1}
+        attrs = _jit_divisibility(signature, values, _build_tree_kernel)
+        variants.append((name, _build_tree_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
+    return variants
+
+
+def all_variants():
+    """Every compiled variant of every Triton kernel."""
+    return chain_verify_variants() + build_tree_variants()
+
+
 def _ptxas_path(capability: int) -> str:
     """The ptxas Triton itself uses (its signature differs across Triton 3.6-3.9)."""
     from triton.backends.nvidia.compiler import get_ptxas
@@ -153,7 +195,7 @@ def compile_all() -> list[dict]:
     from triton.backends.compiler import GPUTarget
 
     rows = []
-    for name, kernel, signature, constexprs, options, attrs in chain_verify_variants():
+    for name, kernel, signature, constexprs, options, attrs in all_variants():
         for capability, arch in TARGETS:
             source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
             compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),

@@ -8,7 +8,7 @@ import torch
 import specdec_kernels as sk
 from conftest import backend_or_skip
 
-BACKENDS = ["reference"]
+BACKENDS = ["reference", "triton"]
 
 
 def run_build_tree(parents, num_nodes, prefix_lens, backend, device):
@@ -144,3 +144,104 @@ def test_malformed_trees(backend, device):
         [0, 1, -1, 1, 2, -1],
     ]
     assert (mask[depth < 0] == 0).all()
+
+
+def reference_tree(parents, num_nodes, prefix_lens):
+    from specdec_kernels.reference.build_tree import build_tree
+
+    return build_tree(parents, num_nodes, prefix_lens)
+
+
+def check_against_reference(parents, num_nodes, prefix_lens, device):
+    """The Triton backend equals the reference bit for bit on all three outputs."""
+    got = run_build_tree(parents, num_nodes, prefix_lens, "triton", device)
+    want = reference_tree(parents.contiguous(), num_nodes, prefix_lens)
+    for name, value, expected in zip(("mask", "depth", "positions"), got, want):
+        assert value.dtype == expected.dtype, name
+        assert torch.equal(value, expected), name
+    return got
+
+
+@pytest.mark.parametrize("tree_size", [1, 31, 32, 33, 64, 1024])
+def test_triton_equals_reference_on_garbage(tree_size, device):
+    # B = 5 (prime); parents are any int32 (mostly in range, some negative,
+    # some >= i, some far out); counts outside [1, N] on purpose.
+    generator = torch.Generator().manual_seed(tree_size)
+    batch_size = 5
+    nodes = torch.arange(tree_size)
+    parents = (torch.rand(batch_size, tree_size, generator=generator) * nodes).to(torch.int32)
+    # Deep chains where the interpreter can afford them (a walk is a loop
+    # step per ancestor); uniform parents at N = 1024 give depth ~ ln N.
+    chain_share = 0.5 if tree_size <= 64 else 0.0
+    parents = torch.where(torch.rand(batch_size, tree_size, generator=generator) < chain_share,
+                          (nodes - 1).clamp(min=0).to(torch.int32), parents)
+    noise = torch.randint(-2**31, 2**31 - 1, (batch_size, tree_size), generator=generator, dtype=torch.int64)
+    bad = torch.rand(batch_size, tree_size, generator=generator) < 0.02
+    parents = torch.where(bad, noise.to(torch.int32), parents)
+    parents[:, 0] = torch.tensor([-1, 0, 7, -1, 2**31 - 1], dtype=torch.int32)
+    parents[1, -1] = tree_size - 1  # its own parent
+    num_nodes = torch.tensor([tree_size, 0, -3, tree_size + 5, max(1, tree_size // 2)], dtype=torch.int32)
+    prefix_lens = torch.tensor([0, 17, 2**40, -5, 3], dtype=torch.int64)
+    check_against_reference(parents, num_nodes, prefix_lens, device)
+    if tree_size <= 64:
+        check_against_reference(parents, None, None, device)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_triton_index_dtypes_and_strides(index_dtype, device):
+    generator = torch.Generator().manual_seed(3)
+    batch_size, tree_size = 3, 40
+    num_nodes = torch.tensor([40, 9, 33], dtype=torch.int32)
+    parents = random_parents(generator, batch_size, tree_size, num_nodes).to(index_dtype)
+    prefix_lens = torch.tensor([5, 0, 2**33], dtype=torch.int64)
+    # Strided views: every other column of a wider tensor, every other request.
+    wide = torch.full((2 * batch_size, 2 * tree_size), 2**30, dtype=index_dtype)
+    wide[::2, ::2] = parents
+    counts = torch.zeros(2 * batch_size, dtype=index_dtype)
+    counts[::2] = num_nodes.to(index_dtype)
+    prefixes = torch.zeros(2 * batch_size, dtype=torch.int64)
+    prefixes[::2] = prefix_lens
+    check_against_reference(wide[::2, ::2], counts[::2], prefixes[::2], device)
+    check_against_reference(parents, num_nodes.to(index_dtype), prefix_lens.to(torch.int32).clamp(max=9), device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_validate_names_argument_request_and_node(backend, device):
+    backend_or_skip("build_tree", backend)
+    good = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 1]], dtype=torch.int32, device=device)
+    sk.build_tree(good, num_nodes=torch.tensor([4, 2], dtype=torch.int32, device=device), backend=backend,
+                  validate=True)
+    cases = [
+        (torch.tensor([[-1, 0, 0, 1], [0, 0, 1, 1]]), None, r"parents.*request 1 node 0"),
+        (torch.tensor([[-1, 0, 0, 1], [-1, 0, 2, 1]]), None, r"parents.*request 1 node 2 has parent 2"),
+        (torch.tensor([[-1, 0, -1, 1], [-1, 0, 1, 1]]), None, r"parents.*request 0 node 2 has parent -1"),
+        (torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 1]]), torch.tensor([4, 0]), r"num_nodes.*request 1 has 0"),
+        (torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 1]]), torch.tensor([5, 1]), r"num_nodes.*request 0 has 5"),
+    ]
+    for parents, num_nodes, pattern in cases:
+        parents = parents.to(torch.int32).to(device)
+        num_nodes = None if num_nodes is None else num_nodes.to(torch.int32).to(device)
+        with pytest.raises(ValueError, match="build_tree: .*" + pattern):
+            sk.build_tree(parents, num_nodes=num_nodes, backend=backend, validate=True)
+    # Past n_b nothing is checked.
+    sk.build_tree(torch.tensor([[-1, 0, 9, 9]], dtype=torch.int32, device=device),
+                  num_nodes=torch.tensor([2], dtype=torch.int32, device=device), backend=backend, validate=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_triton_build_tree_in_a_cuda_graph(device):
+    backend_or_skip("build_tree", "triton")
+    generator = torch.Generator().manual_seed(4)
+    num_nodes = torch.tensor([64, 20, 7], dtype=torch.int32)
+    parents = random_parents(generator, 3, 64, num_nodes).to(device)
+    counts, prefix = num_nodes.to(device), torch.tensor([3, 4, 5], device=device)
+    sk.build_tree(parents, num_nodes=counts, prefix_lens=prefix, backend="triton")  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        info = sk.build_tree(parents, num_nodes=counts, prefix_lens=prefix, backend="triton")
+    for step in range(3):
+        prefix.add_(10)
+        parents[1:, 5] = step  # new trees in place
+        graph.replay()
+        want = reference_tree(parents, counts, prefix)
+        assert all(torch.equal(a, b) for a, b in zip(info, want))

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _backend, _library, _validation
+from ..launchers.build_tree import triton_build_tree
 from ..reference import build_tree as reference
 
 OP_NAME = "build_tree"
@@ -29,19 +30,25 @@ class TreeInfo(NamedTuple):
     positions: torch.Tensor
 
 
-def build_tree(parents, *, num_nodes=None, prefix_lens=None, backend="auto"):
+def build_tree(parents, *, num_nodes=None, prefix_lens=None, backend="auto", validate=False):
     """Ancestor bitmask, depth and positions of draft trees in one call.
 
     Parameters
     ----------
-    parents : Tensor, int32 ``[B, N]``
+    parents : Tensor, int32 or int64 ``[B, N]``
         ``parents[b, 0] == -1``, ``0 <= parents[b, i] < i``. A node whose
         parent breaks this, and its descendants, are treated as padding.
-    num_nodes : Tensor, int32 ``[B]``, optional
-        Nodes per request; nodes at or past it are padding.
+    num_nodes : Tensor, int32 or int64 ``[B]``, optional
+        Nodes per request; nodes at or past it are padding (a count below 1
+        leaves every node padding, one above ``N`` means ``N``).
     prefix_lens : Tensor, int32 or int64 ``[B]``, optional
         Committed tokens before the tree (default 0).
     backend : {"auto", "reference", "triton", "cuda"}
+    validate : bool
+        Check the values on the host first (synchronises) and raise
+        ``ValueError`` naming the argument, request and node for a root whose
+        parent is not ``-1``, a parent outside ``[0, i)`` for ``1 <= i < n_b``
+        or a count outside ``[1, N]``.
 
     Returns
     -------
@@ -57,13 +64,18 @@ def build_tree(parents, *, num_nodes=None, prefix_lens=None, backend="auto"):
     if not isinstance(parents, torch.Tensor):
         raise TypeError(f"{OP_NAME}: `parents` must be a torch.Tensor; got {type(parents).__name__}")
     check = _validation.Checker(OP_NAME, parents.device)
-    check.tensor("parents", parents, (None, None), (torch.int32,), "[B, N]")
+    check.tensor("parents", parents, (None, None), _validation.TOKEN_DTYPES, "[B, N]")
     batch_size, max_nodes = parents.shape
     if max_nodes < 1:
         check.fail(f"`parents` must have shape [B, N] with N >= 1; got {list(parents.shape)}")
-    check.optional_tensor("num_nodes", num_nodes, (batch_size,), (torch.int32,), "[B]")
+    check.optional_tensor("num_nodes", num_nodes, (batch_size,), _validation.TOKEN_DTYPES, "[B]")
     check.optional_tensor("prefix_lens", prefix_lens, (batch_size,), _validation.TOKEN_DTYPES, "[B]")
     resolved = _backend.resolve(OP_NAME, backend, parents.device)
+    if validate:
+        try:
+            reference.validate_parents(parents, num_nodes)
+        except ValueError as error:
+            check.fail(str(error))
     return TreeInfo(*_library.op(OP_NAME)(parents, num_nodes, prefix_lens, resolved))
 
 
@@ -77,4 +89,4 @@ def _fake(parents, *args):
     )
 
 
-_library.register(OP_NAME, {"reference": reference.build_tree}, _fake)
+_library.register(OP_NAME, {"reference": reference.build_tree, "triton": triton_build_tree}, _fake)
