@@ -71,23 +71,26 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
     int64 tensor with values in ``[0, 2**32)``.
     """
     shape = torch.broadcast_shapes(c0.shape, c1.shape, c2.shape, c3.shape, k0.shape, k1.shape)
-    # Word pairs stacked on a leading dim, so a round is 8 tensor ops instead
-    # of 16: the reference's time on small batches is per-op overhead.
+    # Word pairs stacked on a leading dim and the key schedule made up front,
+    # so a round is 7 tensor ops instead of 18: the reference's time on small
+    # batches is per-op overhead.
     multiplied = torch.stack([c0.expand(shape), c2.expand(shape)])  # (c0, c2)
     xored = torch.stack([c1.expand(shape), c3.expand(shape)])  # (c1, c3)
-    key = torch.stack([k0.expand(shape), k1.expand(shape)])
+    key = torch.stack(torch.broadcast_tensors(k0, k1))  # (k0, k1), not expanded to the counters' shape
     multipliers = torch.tensor([_PHILOX_M0, _PHILOX_M1], dtype=torch.int64, device=multiplied.device)
     multipliers = multipliers.view(2, *([1] * len(shape)))
-    weyl = multipliers.new_tensor([_PHILOX_W0, _PHILOX_W1]).view_as(multipliers)
-    for round_index in range(_PHILOX_ROUNDS):
+    # The key schedule of all rounds at once: k + round * W (mod 2**32).
+    rounds = torch.arange(_PHILOX_ROUNDS, dtype=torch.int64, device=multiplied.device)
+    weyl = torch.stack([rounds * _PHILOX_W0, rounds * _PHILOX_W1], dim=1)
+    weyl = weyl.view(_PHILOX_ROUNDS, 2, *([1] * (key.dim() - 1)))
+    schedule = (key.unsqueeze(0) + weyl).bitwise_and_(_MASK32)
+    for round_key in schedule:
         # int64 holds each 64-bit product with wrap-around; masking recovers
         # the unsigned halves (and removes the arithmetic shift's sign fill).
         # (hi0:lo0, hi1:lo1) = (M0 * c0, M1 * c2) -> c = (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0)
         products = (multiplied * multipliers).flip(0)
-        multiplied = (products >> 32).bitwise_and_(_MASK32).bitwise_xor_(xored).bitwise_xor_(key)
+        multiplied = (products >> 32).bitwise_and_(_MASK32).bitwise_xor_(xored).bitwise_xor_(round_key)
         xored = products.bitwise_and_(_MASK32)
-        if round_index + 1 < _PHILOX_ROUNDS:
-            key = (key + weyl).bitwise_and_(_MASK32)
     return multiplied[0], xored[0], multiplied[1], xored[1]
 
 
