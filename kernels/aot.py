@@ -46,6 +46,16 @@ BUILD_TREE_SHAPES = (
     (1024, "i32", "i64"),
 )
 
+# (path width N, features Hkv * D, cache element bits, index dtype): EAGLE
+# widths, a 1024-node tree (BLOCK_F = 2) and fp32/fp8 caches.
+COMPACT_KV_SHAPES = (
+    (8, 8 * 128, 16, "i32"),
+    (64, 8 * 128, 16, "i64"),
+    (1024, 8 * 128, 16, "i32"),
+    (32, 4 * 64, 32, "i32"),
+    (16, 2 * 256, 8, "i64"),
+)
+
 
 def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
     """The ``tt.divisibility = 16`` attributes Triton's JIT gives these arguments (what a real launch compiles).
@@ -138,9 +148,46 @@ def build_tree_variants():
     return variants
 
 
+def compact_kv_variants():
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's compact_kv configurations."""
+    from specdec_kernels.launchers.compact_kv import NUM_WARPS, launch_config
+
+    from .compact_kv import _compact_kv_kernel
+
+    variants = []
+    for path_width, num_features, bits, index_dtype in COMPACT_KV_SHAPES:
+        config = launch_config(path_width, num_features)
+        cache = {8: "*u8", 16: "*i16", 32: "*i32"}[bits]
+        signature = {
+            "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": f"*{index_dtype}",
+            "prefix_lens_ptr": f"*{index_dtype}", "accepted_ptr": "*i32",
+            "path_width": "i32", "num_blocks": "i32", "block_size": "i32", "max_blocks": "i32", "head_dim": "i32",
+            "num_features": "i32",
+            "stride_k_block": "i32", "stride_k_slot": "i32", "stride_k_head": "i32", "stride_k_dim": "i32",
+            "stride_v_block": "i32", "stride_v_slot": "i32", "stride_v_head": "i32", "stride_v_dim": "i32",
+            "stride_table_b": "i32", "stride_table_m": "i32", "stride_prefix": "i32",
+            "stride_accepted_b": "i32", "stride_accepted_n": "i32",
+        }
+        constexprs = {"BLOCK_N": config.block_n, "BLOCK_F": config.block_f}
+        signature.update({key: "constexpr" for key in constexprs})
+        name = f"compact_kv N={path_width} F={num_features} {bits}-bit {index_dtype} tile={config.block_n}x{config.block_f}"
+        block_size = 16
+        values = {"path_width": path_width, "num_blocks": 4096, "block_size": block_size, "max_blocks": 64,
+                  "head_dim": 128, "num_features": num_features,
+                  "stride_k_block": block_size * num_features, "stride_k_slot": num_features,
+                  "stride_k_head": 128, "stride_k_dim": 1,
+                  "stride_v_block": block_size * num_features, "stride_v_slot": num_features,
+                  "stride_v_head": 128, "stride_v_dim": 1,
+                  "stride_table_b": 64, "stride_table_m": 1, "stride_prefix": 1,
+                  "stride_accepted_b": path_width, "stride_accepted_n": 1}
+        attrs = _jit_divisibility(signature, values, _compact_kv_kernel)
+        variants.append((name, _compact_kv_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
+    return variants
+
+
 def all_variants():
     """Every compiled variant of every Triton kernel."""
-    return chain_verify_variants() + build_tree_variants()
+    return chain_verify_variants() + build_tree_variants() + compact_kv_variants()
 
 
 def _ptxas_path(capability: int) -> str:
@@ -176,7 +223,8 @@ def narrow_stride_uses(ptx: str, signature: dict) -> list[str]:
     A stride multiplied in 32 bits (``mul.lo.s32``) overflows once
     ``index * stride`` passes ``2**31`` (strided inputs); the kernels widen
     every stride first, which ptxas sees as ``cvt.s64.s32`` or as the exact
-    32 x 32 -> 64-bit ``mul.wide.s32``.
+    32 x 32 -> 64-bit ``mul.wide.s32`` (or ``mad.wide.s32``, the same product
+    added to a 64-bit value).
     """
     runtime_params = [name for name, kind in signature.items() if kind != "constexpr"]
     registers = []
@@ -187,7 +235,7 @@ def narrow_stride_uses(ptx: str, signature: dict) -> list[str]:
                 registers.append(match.group(1))
     return [line.strip() for line in ptx.splitlines() for register in registers
             if re.search(rf"{re.escape(register)}\b", line) and "ld.param" not in line
-            and not line.strip().startswith(("cvt.s64.s32", "mul.wide.s32"))]
+            and not line.strip().startswith(("cvt.s64.s32", "mul.wide.s32", "mad.wide.s32"))]
 
 
 def compile_all() -> list[dict]:

@@ -8,7 +8,7 @@ import torch
 import specdec_kernels as sk
 from conftest import backend_or_skip
 
-BACKENDS = ["reference"]
+BACKENDS = ["reference", "triton"]
 BLOCK_SIZE = 4
 
 
@@ -124,3 +124,115 @@ def test_bad_entries_are_skipped(backend, device):
         dtype=torch.int32,
     )
     check(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, backend, device)
+
+
+def check_against_reference(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, device):
+    """The Triton backend leaves both caches bit-equal to the reference's (whole caches)."""
+    backend_or_skip("compact_kv", "triton")
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    sk.compact_kv(want_k, want_v, block_tables, prefix_lens, accepted_nodes, backend="reference")
+    assert not torch.equal(want_k, k_cache), "the case moves nothing"
+    got_k, got_v = k_cache.to(device), v_cache.to(device)
+    sk.compact_kv(got_k, got_v, block_tables.to(device), prefix_lens.to(device), accepted_nodes.to(device),
+                  backend="triton")
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[k_cache.element_size()]
+    assert torch.equal(got_k.cpu().view(bits), want_k.view(bits))
+    assert torch.equal(got_v.cpu().view(bits), want_v.view(bits))
+
+
+def random_cache(generator, shape, dtype):
+    return torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 256])
+def test_triton_block_sizes_and_malformed_paths(block_size, device):
+    # B = 5 (prime), shuffled disjoint block tables; paths that climb, swap,
+    # repeat, go backwards or out of the table.
+    generator = torch.Generator().manual_seed(block_size)
+    batch_size, width, max_blocks = 5, 12, 3
+    num_blocks = batch_size * max_blocks + 2
+    tables = torch.randperm(num_blocks, generator=generator)[: batch_size * max_blocks].view(batch_size, max_blocks)
+    shape = (num_blocks, block_size, 2, 4)
+    k_cache, v_cache = random_cache(generator, shape, torch.float16), random_cache(generator, shape, torch.float16)
+    prefix_lens = torch.tensor([block_size - 2, 0, 3, 2 * block_size - 5, 1], dtype=torch.int32)
+    accepted = torch.tensor(
+        [
+            [0, 2, 3, 5, 8, 9, 10, 11, -1, -1, -1, -1],  # climbs across a block edge
+            [1, 0, 3, 2, -1, 6, 7, 8, 9, 10, 11, 0],  # swaps: every read before any write
+            [0, 4, 4, 4, 1, 1, 11, 2, 9, 0, 5, 3],  # repeated and decreasing sources
+            [0, 3, 2 * block_size, 10 * block_size, 2, -5, 1, 1, 1, 1, 1, 1],  # past the table; -5 ends
+            [11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0],  # reversed
+        ],
+        dtype=torch.int32,
+    )
+    check_against_reference(k_cache, v_cache, tables.to(torch.int32), prefix_lens, accepted, device)
+    check_against_reference(k_cache, v_cache, tables.to(torch.int64), prefix_lens.to(torch.int64), accepted, device)
+
+
+def test_triton_repeated_block_in_one_table_last_move_wins(device):
+    # Request 0's table holds block 1 twice (columns 0 and 2): destinations
+    # d and d + 8 land in one slot, and the later move must win; a source is
+    # also another move's destination through the alias.
+    generator = torch.Generator().manual_seed(5)
+    shape = (4, 4, 1, 8)
+    k_cache, v_cache = random_cache(generator, shape, torch.float32), random_cache(generator, shape, torch.float32)
+    tables = torch.tensor([[1, 0, 1, 2], [3, -1, -1, -1]], dtype=torch.int32)
+    prefix_lens = torch.tensor([1, 0], dtype=torch.int32)
+    accepted = torch.tensor([[0, 3, 4, 5, 6, 7, 8, 12, 9, 10, 11, 13], [0, 2, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0]],
+                            dtype=torch.int32)
+    check_against_reference(k_cache, v_cache, tables, prefix_lens, accepted, device)
+
+
+def test_triton_strided_inputs_and_a_wide_path(device):
+    # Caches that are views (every other head of a wider cache, K and V with
+    # different strides), strided tables, prefixes and paths; N = 1024.
+    generator = torch.Generator().manual_seed(6)
+    batch_size, width, block_size = 3, 1024, 16
+    max_blocks = (width + 40) // block_size + 1
+    num_blocks = batch_size * max_blocks
+    k_wide = random_cache(generator, (num_blocks, block_size, 4, 8), torch.bfloat16)
+    v_store = random_cache(generator, (num_blocks, 2, block_size, 8), torch.bfloat16)
+    k_cache, v_cache = k_wide[:, :, ::2], v_store.transpose(1, 2)
+    assert not k_cache.is_contiguous() and v_cache.stride() != k_cache.stride()
+    tables = torch.randperm(num_blocks, generator=generator).view(batch_size, max_blocks)
+    wide_tables = torch.zeros((batch_size, 2 * max_blocks), dtype=torch.int64)
+    wide_tables[:, ::2] = tables
+    prefix_store = torch.tensor([[7, 0], [0, 0], [40, 0]], dtype=torch.int64)
+    accepted = torch.full((batch_size, 2 * width), -1, dtype=torch.int32)
+    for b, length in enumerate((6, 1024, 300)):
+        nodes = torch.randperm(width - 1, generator=generator)[: length - 1] + 1
+        accepted[b, : length] = torch.cat([torch.zeros(1, dtype=torch.int64), nodes.sort().values]).to(torch.int32)
+    check_against_reference(k_cache, v_cache, wide_tables[:, ::2], prefix_store[:, 0], accepted[:, ::2], device)
+
+
+def test_triton_moves_bits(device):
+    # NaN payloads and negative zero survive a move unchanged.
+    k_cache = torch.tensor([0x7E01, 0x7C01, -0x8000, 0x3C00, 0x7D55, 0x1234, 0x0001, 0xFFFF - 0x10000],
+                           dtype=torch.int16).view(torch.float16).view(1, 8, 1, 1)
+    v_cache = k_cache.flip(1).contiguous()
+    tables = torch.tensor([[0]], dtype=torch.int32)
+    check_against_reference(k_cache, v_cache, tables, torch.tensor([1], dtype=torch.int32),
+                            torch.tensor([[0, 2, 4, 6]], dtype=torch.int32), device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_triton_compact_kv_in_a_cuda_graph(device):
+    backend_or_skip("compact_kv", "triton")
+    generator = torch.Generator().manual_seed(7)
+    k_cache, v_cache, tables = make_cache(generator, 3, 6, torch.float16)
+    k_cache, v_cache, tables = k_cache.to(device), v_cache.to(device), tables.to(device)
+    prefix = torch.tensor([2, 5, 0], dtype=torch.int32, device=device)
+    accepted = torch.tensor([[0, 2, 3, -1], [0, 1, 3, 7], [0, 4, -1, -1]], dtype=torch.int32, device=device)
+    sk.compact_kv(k_cache.clone(), v_cache.clone(), tables, prefix, accepted, backend="triton")  # compile first
+    graph = torch.cuda.CUDAGraph()
+    captured_k, captured_v = k_cache.clone(), v_cache.clone()
+    with torch.cuda.graph(graph):
+        sk.compact_kv(captured_k, captured_v, tables, prefix, accepted, backend="triton")
+    for step in range(3):
+        accepted[:, 1] = step + 1
+        captured_k.copy_(k_cache)
+        captured_v.copy_(v_cache)
+        graph.replay()
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        sk.compact_kv(want_k, want_v, tables, prefix, accepted, backend="reference")
+        assert torch.equal(captured_k, want_k) and torch.equal(captured_v, want_v)

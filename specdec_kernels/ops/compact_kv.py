@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
+from ..launchers.compact_kv import triton_compact_kv
 from ..reference import compact_kv as reference
 
 OP_NAME = "compact_kv"
@@ -18,12 +19,15 @@ def compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, *, b
     ``prefix_lens[b] + d`` for every ``d`` before the first ``-1``. All
     sources are read before any destination is written, so overlapping moves
     are safe. Moves that fall outside the block table or the cache are skipped.
+    The Triton backend equals the reference except where two requests'
+    block tables share a block that one of them writes (see
+    kernels/compact_kv.py): engines never share the blocks a tree step writes.
 
     Parameters
     ----------
     k_cache, v_cache : Tensor ``[num_blocks, block_size, Hkv, D]``
-    block_tables : Tensor, int32 ``[B, max_blocks]``
-    prefix_lens : Tensor, int32 ``[B]``
+    block_tables : Tensor, int32 or int64 ``[B, max_blocks]``
+    prefix_lens : Tensor, int32 or int64 ``[B]``
     accepted_nodes : Tensor, int32 or int64 ``[B, N]``
         ``sk.tree_verify``'s first output.
     backend : {"auto", "reference", "triton", "cuda"}
@@ -46,8 +50,8 @@ def compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, *, b
     check.tensor("v_cache", v_cache, tuple(k_cache.shape), (k_cache.dtype,), "[num_blocks, block_size, Hkv, D]")
     check.tensor("accepted_nodes", accepted_nodes, (None, None), _validation.TOKEN_DTYPES, "[B, N]")
     batch_size = accepted_nodes.shape[0]
-    check.tensor("block_tables", block_tables, (batch_size, None), (torch.int32,), "[B, max_blocks]")
-    check.tensor("prefix_lens", prefix_lens, (batch_size,), (torch.int32,), "[B]")
+    check.tensor("block_tables", block_tables, (batch_size, None), _validation.TOKEN_DTYPES, "[B, max_blocks]")
+    check.tensor("prefix_lens", prefix_lens, (batch_size,), _validation.TOKEN_DTYPES, "[B]")
     resolved = _backend.resolve(OP_NAME, backend, k_cache.device)
     _library.op(OP_NAME)(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, resolved)
 
@@ -56,4 +60,4 @@ def _fake(*args):
     return None
 
 
-_library.register(OP_NAME, {"reference": reference.compact_kv}, _fake)
+_library.register(OP_NAME, {"reference": reference.compact_kv, "triton": triton_compact_kv}, _fake)
