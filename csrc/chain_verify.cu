@@ -266,7 +266,7 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
   params.args = args;
   params.plan = plan_chain_verify(args, kHostTargetBlocks);
   const int64_t blocks = chain_verify_num_blocks(args, params.plan);
-  const int32_t error_before = args.counters[args.batch_size + 1];
+  const int32_t error_before = args.counters[kChainErrorWord];
   SimtState state;
   dispatch_dtypes(args, [&](auto prob, auto token) {
     using Prob = decltype(prob);
@@ -284,7 +284,7 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
     }
     for (std::thread& thread : threads) thread.join();
   });
-  return args.counters[args.batch_size + 1] != error_before ? "counters found inconsistent (a wait gave up or a ticket was out of range: counters left dirty by a call that never finished?)" : nullptr;
+  return args.counters[kChainErrorWord] != error_before ? "counters found inconsistent (a wait gave up or a ticket was out of range: counters left dirty by a call that never finished?)" : nullptr;
 }
 
 }  // namespace specdec

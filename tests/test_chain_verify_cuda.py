@@ -410,14 +410,31 @@ def test_host_program_reports_dirty_counters_instead_of_hanging():
     case = make_case(batch_size, rows - 1, vocab_size, seed=6, logits=True, greedy_fraction=0.0)
     workspace = torch.zeros(10_000, dtype=torch.int64)
     arrivals = torch.zeros(batch_size + 2, dtype=torch.int32)
-    arrivals[batch_size] = 3  # the ticket counter
+    arrivals[0] = 3  # the ticket counter
     output = torch.zeros(batch_size, rows, dtype=torch.int32)
     num_accepted = torch.zeros(batch_size, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="counters found inconsistent"):
         torch.ops.specdec_C.chain_verify(case["draft_token_ids"], case["target"], case["draft"], None,
                                          case["temperature"], True, None, 1, None, 0, workspace, arrivals, output,
                                          num_accepted, 3)
-    assert int(arrivals[batch_size + 1]) != 0, "the error flag is set"
+    assert int(arrivals[1]) != 0, "the error flag is set"
+
+
+@needs_op
+def test_host_program_a_set_error_flag_never_disturbs_a_later_larger_batch():
+    """The flag sits at a fixed word: a later call with more requests does not read it as an arrival."""
+    batch_size, max_drafts, vocab_size = 5, 3, 2100
+    case = make_case(batch_size, max_drafts, vocab_size, seed=8, logits=False, greedy_fraction=0.2)
+    workspace = torch.zeros(10_000, dtype=torch.int64)
+    arrivals = torch.zeros(batch_size + 2, dtype=torch.int32)
+    arrivals[1] = 1  # left set by an earlier call whose wait gave up
+    output = torch.zeros(batch_size, max_drafts + 1, dtype=torch.int32)
+    num_accepted = torch.zeros(batch_size, dtype=torch.int32)
+    torch.ops.specdec_C.chain_verify(case["draft_token_ids"], case["target"], case["draft"],
+                                     case["num_draft_tokens"], case["temperature"], False, None, 3, None, 1,
+                                     workspace, arrivals, output, num_accepted, 3)
+    assert_same((output, num_accepted), run_reference(case, 3, 1), "after a set flag")
+    assert arrivals.tolist() == [0, 1] + [0] * batch_size
 
 
 def test_workspace_specs():

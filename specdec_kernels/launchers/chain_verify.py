@@ -207,8 +207,9 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     ``[B, splits, K + 1, 4]``, for as many splits per request as the launcher
     uses (about two blocks per SM on a GPU, up to 8 per batch on the host; a
     smaller workspace only means fewer, longer slices). ``arrivals`` (int32
-    ``[B + 2]``): per-request arrival counters, the ticket counter and an
-    error flag, zero-initialised once; every call leaves the counters at zero.
+    ``[2 + B]``): the ticket counter, an error flag, then per-request arrival
+    counters, zero-initialised once; every call leaves the ticket and the
+    arrivals at zero.
     ``logits`` does not change the sizes (greedy requests of a probability
     call use the statistics too); it is part of the signature so callers can
     reserve for exactly the call they will make.

@@ -51,9 +51,11 @@
 //                       as int32;
 //   then int32 statistics [B, num_splits, K + 1, 4] (greedy: max, argmax;
 //   logits: target max, sum, draft max, sum); their room caps num_splits.
-// Counters, int32 [B + 2]: per-request arrivals, the ticket counter, an error
-// flag. The arrivals and the ticket are zero before a call and zero after it;
-// the flag becomes nonzero only when a bounded wait gave up.
+// Counters, int32 [2 + B]: the ticket counter, an error flag, then the
+// per-request arrivals. The ticket and the arrivals are zero before a call and
+// zero after it; the flag becomes nonzero only when a bounded wait gave up.
+// The ticket and the flag sit at fixed words, not after the last request: a
+// flag left set must never become a later, larger batch's arrival counter.
 //
 // Values never cause an out-of-bounds access: draft ids outside [0, V) are
 // rejections and are never gathered, num_draft_tokens is clamped to [0, K],
@@ -78,6 +80,11 @@
 
 namespace specdec {
 
+// Word indices in the counters buffer (see "Counters" above).
+constexpr int64_t kChainTicketWord = 0;
+constexpr int64_t kChainErrorWord = 1;
+constexpr int64_t kChainFirstArrivalWord = 2;
+
 enum class ProbDtype : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 enum class TokenDtype : int32_t { kInt32 = 0, kInt64 = 1 };
 
@@ -101,7 +108,7 @@ struct ChainVerifyArgs {
   int32_t* num_accepted = nullptr;  // [B]
   int64_t* workspace = nullptr;     // see above; at least chain_verify_chunk_words(B, V)
   int64_t workspace_words = 0;
-  int32_t* counters = nullptr;  // [B + 2]: arrivals, ticket, error flag
+  int32_t* counters = nullptr;  // [2 + B]: ticket, error flag, arrivals
   int64_t requested_splits = 0;  // 0: the launcher's choice
   int64_t batch_size = 0;
   int32_t max_drafts = 0;  // K

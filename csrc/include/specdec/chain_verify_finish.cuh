@@ -181,11 +181,11 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   int32_t* counters = args.counters;
   const int64_t num_blocks = chain_verify_num_blocks(args, plan);
   const int64_t role =
-      plan.two_waves ? block.take_ticket(counters + args.batch_size, static_cast<int32_t>(num_blocks)) : block_index;
+      plan.two_waves ? block.take_ticket(counters + kChainTicketWord, static_cast<int32_t>(num_blocks)) : block_index;
   if (role < 0 || role >= num_blocks) {
     // Only counters left dirty (by a call that never finished) get here: flag
     // it and touch nothing; blocks waiting on this role give up (bounded).
-    if (block.thread() == 0) *(counters + args.batch_size + 1) |= 1;
+    if (block.thread() == 0) counters[kChainErrorWord] |= 1;
     return;
   }
   const int64_t wave = role / blocks_per_wave;
@@ -220,8 +220,8 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
       reinterpret_cast<int32_t*>(args.workspace + chain_verify_chunk_words(args.batch_size, args.vocab_size)) +
           b * num_splits * stats_words,
       stats_words};
-  int32_t* arrivals = counters + b;
-  int32_t* error = counters + args.batch_size + 1;
+  int32_t* arrivals = counters + kChainFirstArrivalWord + b;
+  int32_t* error = counters + kChainErrorWord;
   const int32_t arrivals_per_call = static_cast<int32_t>((plan.two_waves ? 2 : 1) * num_splits);
   int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
 
