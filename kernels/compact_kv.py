@@ -23,7 +23,11 @@ the last ``(b, d)`` wins"):
    repeats a block id) would be one store instruction with two values for
    one address; the kernel drops every move that a later move of the same
    request overwrites (same block id, and a destination ``j * block_size``
-   positions further, hence the same slot), so the last ``d`` wins.
+   positions further, hence the same slot), so the last ``d`` wins. After
+   that each slot has at most one writer; a writer whose source is its
+   destination would store the slot's own value (read before any write),
+   so it is skipped: the reference's outcome, without the bandwidth of the
+   path's prefix that is already in place (the root at least).
 4. Requests whose block tables are disjoint touch disjoint slots, so the
    programs of different requests do not interact and the result is the
    reference's. **Not reproduced:** requests that share a block which one
@@ -62,10 +66,12 @@ def _locate(position, valid, table_row, stride_table_m, max_blocks, num_blocks, 
 
 
 @triton.jit
-def _moves(depth, path_length, accepted_row, stride_accepted_n, prefix, table_row, stride_table_m, max_blocks,
+def _moves(depth, on_path, accepted_row, stride_accepted_n, prefix, table_row, stride_table_m, max_blocks,
            num_blocks, block_size):
-    """``(source block, source slot, destination block, destination slot, move)`` of path entries ``depth``."""
-    on_path = depth < path_length
+    """``(source block, source slot, destination block, destination slot, move)`` of path entries ``depth``.
+
+    Only entries where ``on_path`` holds are read.
+    """
     node = tl.load(accepted_row + depth.to(tl.int64) * stride_accepted_n, mask=on_path, other=0).to(tl.int64)
     src_block, src_slot, src_ok = _locate(prefix + node, on_path, table_row, stride_table_m, max_blocks,
                                           num_blocks, block_size)
@@ -111,18 +117,23 @@ def _compact_kv_kernel(
     nodes = tl.load(accepted_row + depth.to(tl.int64) * stride_accepted_n, mask=in_width, other=0)
     path_length = tl.min(tl.where(in_width & (nodes < 0), depth, path_width), axis=0)
     src_block, src_slot, dst_block, dst_slot, move = _moves(
-        depth, path_length, accepted_row, stride_accepted_n, prefix, table_row, stride_table_m, max_blocks,
-        num_blocks, block_size)
+        depth, depth < path_length, accepted_row, stride_accepted_n, prefix, table_row, stride_table_m,
+        max_blocks, num_blocks, block_size)
 
-    # Last d wins: drop a move when move d + j * block_size (same slot) lands
-    # in the same block. Runs only when the path spans more than a block.
+    # Moves into one slot: same block id, destinations j * block_size apart.
+    # Last d wins: drop a move that a later one overwrites. The loop runs
+    # only when the path spans more than a block.
     overwritten = tl.zeros([BLOCK_N], dtype=tl.int1)
     for step in range(1, tl.cdiv(path_length, block_size)):
+        later = depth + step * block_size
         _, _, later_block, _, later_move = _moves(
-            depth + step * block_size, path_length, accepted_row, stride_accepted_n, prefix, table_row,
-            stride_table_m, max_blocks, num_blocks, block_size)
+            later, later < path_length, accepted_row, stride_accepted_n, prefix, table_row, stride_table_m,
+            max_blocks, num_blocks, block_size)
         overwritten = overwritten | (later_move & (later_block == dst_block))
-    move = move & ~overwritten
+    # Now each slot has at most one writer; one that copies a slot onto
+    # itself (the root, an accepted prefix already in place) changes nothing.
+    in_place = (src_block == dst_block) & (src_slot == dst_slot)
+    move = move & ~overwritten & ~in_place
 
     _move_tile(k_cache_ptr, src_block, src_slot, dst_block, dst_slot, move, heads, dims, features_ok,
                stride_k_block, stride_k_slot, stride_k_head, stride_k_dim)

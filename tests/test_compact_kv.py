@@ -181,6 +181,11 @@ def test_triton_repeated_block_in_one_table_last_move_wins(device):
     accepted = torch.tensor([[0, 3, 4, 5, 6, 7, 8, 12, 9, 10, 11, 13], [0, 2, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0]],
                             dtype=torch.int32)
     check_against_reference(k_cache, v_cache, tables, prefix_lens, accepted, device)
+    # Move 1 writes slot 1 of block 1 (from position 6), then move 5 copies
+    # that slot onto itself: the last move wins, so the slot keeps its value.
+    tables = torch.tensor([[1, 1, 3, 0]], dtype=torch.int32)
+    accepted = torch.tensor([[0, 6, 2, 9, 4, 5]], dtype=torch.int32)
+    check_against_reference(k_cache, v_cache, tables, torch.tensor([0], dtype=torch.int32), accepted, device)
 
 
 def test_triton_strided_inputs_and_a_wide_path(device):
