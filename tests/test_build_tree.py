@@ -245,3 +245,19 @@ def test_triton_build_tree_in_a_cuda_graph(device):
         graph.replay()
         want = reference_tree(parents, counts, prefix)
         assert all(torch.equal(a, b) for a, b in zip(info, want))
+
+
+def test_triton_gpu_launch_config_under_the_interpreter(device, monkeypatch):
+    # The GPU's tiles (N = 1024: 32 programs of 32 nodes per request), so the
+    # interpreter also runs the configuration a GPU launches.
+    from specdec_kernels.launchers import build_tree as launcher
+
+    monkeypatch.setattr(launcher, "INTERPRETER_MAX_TILE", launcher.MAX_TILE)
+    monkeypatch.setattr(launcher, "INTERPRETER_MAX_BLOCK_NODES", launcher.MAX_BLOCK_NODES)
+    assert launcher.launch_config(1024, interpreter=True) == launcher.launch_config(1024)
+    generator = torch.Generator().manual_seed(8)
+    tree_size = 1024
+    parents = (torch.rand(2, tree_size, generator=generator) * torch.arange(tree_size)).to(torch.int32)
+    parents[0, 700] = 900  # a parent after its child cuts a subtree
+    check_against_reference(parents, torch.tensor([1000, 300], dtype=torch.int32),
+                            torch.tensor([4, 9], dtype=torch.int32), device)

@@ -241,3 +241,21 @@ def test_triton_compact_kv_in_a_cuda_graph(device):
         want_k, want_v = k_cache.clone(), v_cache.clone()
         sk.compact_kv(want_k, want_v, tables, prefix, accepted, backend="reference")
         assert torch.equal(captured_k, want_k) and torch.equal(captured_v, want_v)
+
+
+def test_triton_gpu_launch_config_under_the_interpreter(device, monkeypatch):
+    # The GPU's tile (N = 1024 x one feature per program), so the interpreter
+    # also runs the configuration a GPU launches.
+    from specdec_kernels.launchers import compact_kv as launcher
+
+    monkeypatch.setattr(launcher, "INTERPRETER_MAX_TILE", launcher.MAX_TILE)
+    generator = torch.Generator().manual_seed(9)
+    batch_size, width, block_size, max_blocks = 2, 1024, 256, 5
+    num_blocks = batch_size * max_blocks
+    tables = torch.randperm(num_blocks, generator=generator).view(batch_size, max_blocks).to(torch.int32)
+    shape = (num_blocks, block_size, 2, 3)
+    k_cache, v_cache = random_cache(generator, shape, torch.float32), random_cache(generator, shape, torch.float32)
+    accepted = torch.full((batch_size, width), -1, dtype=torch.int32)
+    accepted[0, :5] = torch.tensor([0, 300, 301, 700, 1000])
+    accepted[1, :3] = torch.tensor([0, 2, 1])
+    check_against_reference(k_cache, v_cache, tables, torch.tensor([3, 250], dtype=torch.int32), accepted, device)
