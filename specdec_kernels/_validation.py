@@ -61,6 +61,31 @@ class Checker:
     def optional_tensor(self, name: str, value, shape, dtypes, symbols: str | None = None):
         return None if value is None else self.tensor(name, value, shape, dtypes, symbols)
 
+    def temperature(self, value, batch_size: int):
+        """``temperature``: ``None``, one Python number for the batch, or a float32 tensor ``[B]``.
+
+        Returns ``None`` or the float32 ``[B]`` tensor the ops take.
+        """
+        if value is None or isinstance(value, torch.Tensor):
+            return self.optional_tensor("temperature", value, (batch_size,), (torch.float32,), "[B]")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(f"`temperature` must be a float32 tensor of shape [B] or a Python float; "
+                      f"got {type(value).__name__}", TypeError)
+        return torch.full((batch_size,), float(value), dtype=torch.float32, device=self.device)
+
+    def counts(self, name: str, value, batch_size: int):
+        """A count tensor ``[B]`` (int32 or int64) as the int32 the ops take, or ``None``.
+
+        int64 values are first clamped into int32's range, so a count the ops
+        would clamp keeps that outcome.
+        """
+        if value is None:
+            return None
+        self.tensor(name, value, (batch_size,), TOKEN_DTYPES, "[B]")
+        if value.dtype == torch.int32:
+            return value
+        return value.clamp(-(2**31), 2**31 - 1).to(torch.int32)
+
     def choice(self, name: str, value, choices):
         if value not in choices:
             self.fail(f"`{name}` must be one of {', '.join(map(repr, choices))}; got {value!r}")

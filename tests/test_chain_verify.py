@@ -253,8 +253,10 @@ def test_argument_errors_name_the_argument(device):
         sk.chain_verify(draft_ids.float(), target)
     with pytest.raises(ValueError, match=r"`draft` must have shape \[B, K, V\] = \[2, 3, 10\]; got \[2, 3, 9\]"):
         sk.chain_verify(draft_ids, target, draft[..., :9])
-    with pytest.raises(TypeError, match=r"`num_draft_tokens` must have dtype int32; got int64"):
-        sk.chain_verify(draft_ids, target, num_draft_tokens=num_drafts.long())
+    with pytest.raises(TypeError, match=r"`num_draft_tokens` must have dtype int32 or int64; got float32"):
+        sk.chain_verify(draft_ids, target, num_draft_tokens=num_drafts.float())
+    with pytest.raises(TypeError, match=r"`temperature` must be a float32 tensor of shape \[B\] or a Python float"):
+        sk.chain_verify(draft_ids, target, temperature="hot")
     with pytest.raises(TypeError, match=r"`temperature` must have dtype float32"):
         sk.chain_verify(draft_ids, target, temperature=torch.ones(2, dtype=torch.float64, device=device))
     with pytest.raises(ValueError, match=r"`seed` must have shape \[B\]"):

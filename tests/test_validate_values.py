@@ -55,3 +55,32 @@ def test_tree_rejects_bad_probabilities():
     target[0, 0, 4] = float("nan")
     with pytest.raises(ValueError, match="`target`: probabilities must be finite"):
         sk.tree_verify(ids, parents, target, validate=True, backend="reference")
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_counts_may_be_int64_and_temperature_a_python_float(backend):
+    """The contract's other accepted forms give the same tokens as int32 counts and a float32 tensor."""
+    from conftest import backend_or_skip
+
+    backend = backend_or_skip("chain_verify", backend)
+    generator = torch.Generator().manual_seed(3)
+    target = torch.randn(4, 4, 50, generator=generator)
+    draft = torch.randn(4, 3, 50, generator=generator)
+    ids = torch.randint(0, 50, (4, 3), generator=generator)
+    counts = torch.tensor([3, 0, 2, 2**40])  # int64, one far past K (clamped to K either way)
+    expected = sk.chain_verify(ids, target, draft, logits=True, num_draft_tokens=counts.clamp_max(3).int(),
+                               temperature=torch.full((4,), 0.7), seed=5, backend=backend)
+    actual = sk.chain_verify(ids, target, draft, logits=True, num_draft_tokens=counts, temperature=0.7, seed=5,
+                             backend=backend)
+    assert all(torch.equal(e, a) for e, a in zip(expected, actual))
+
+
+def test_tree_counts_may_be_int64_and_temperature_a_python_float():
+    parents = torch.tensor([[-1, 0, 0, 1]] * 2, dtype=torch.int32)
+    ids = torch.tensor([[0, 1, 2, 3]] * 2)
+    target = torch.softmax(torch.randn(2, 4, 10, generator=torch.Generator().manual_seed(4)), -1)
+    expected = sk.tree_verify(ids, parents, target, num_nodes=torch.tensor([4, 2], dtype=torch.int32),
+                              temperature=torch.zeros(2), seed=1, backend="reference")
+    actual = sk.tree_verify(ids, parents, target, num_nodes=torch.tensor([4, 2]), temperature=0.0, seed=1,
+                            backend="reference")
+    assert all(torch.equal(e, a) for e, a in zip(expected, actual))

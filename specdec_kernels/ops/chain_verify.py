@@ -42,10 +42,10 @@ def chain_verify(
     draft : Tensor or None
         Distribution each draft token was sampled from; ``None`` verifies the
         drafts as deterministic (one-hot) proposals.
-    num_draft_tokens : Tensor, int32, optional
+    num_draft_tokens : Tensor, int32 or int64, optional
         Drafts per request, ``0 <= n_b <= K``; default ``K``.
-    temperature : Tensor, float32, optional
-        Per-request temperature; ``0`` makes a request greedy. With
+    temperature : Tensor, float32, or float, optional
+        Per-request temperature (or one for the batch); ``0`` makes a request greedy. With
         ``logits=True`` the distributions are ``softmax(x / T_b)``.
     logits : bool
         ``target``/``draft`` hold logits.
@@ -91,8 +91,8 @@ def chain_verify(
         check.fail(f"`target` must have shape [B, K+1, V] with K+1 >= 1; got {list(target.shape)}")
     check.tensor("draft_token_ids", draft_token_ids, (batch_size, max_drafts), _validation.TOKEN_DTYPES, "[B, K]")
     check.optional_tensor("draft", draft, (batch_size, max_drafts, vocab_size), _validation.FLOAT_DTYPES, "[B, K, V]")
-    check.optional_tensor("num_draft_tokens", num_draft_tokens, (batch_size,), (torch.int32,), "[B]")
-    check.optional_tensor("temperature", temperature, (batch_size,), (torch.float32,), "[B]")
+    num_draft_tokens = check.counts("num_draft_tokens", num_draft_tokens, batch_size)
+    temperature = check.temperature(temperature, batch_size)
     if not isinstance(logits, bool):
         check.fail(f"`logits` must be a bool; got {type(logits).__name__}", TypeError)
     if vocab_size < 1:

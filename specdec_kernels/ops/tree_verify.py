@@ -48,7 +48,7 @@ def tree_verify(
     draft : Tensor ``[B, N, V]`` or None
         Distribution node ``i``'s children were drawn from; ``None``:
         deterministic candidates (top-k trees).
-    num_nodes : Tensor, int32 ``[B]``, optional
+    num_nodes : Tensor, int32 or int64 ``[B]``, optional
         Nodes per request, ``1 <= n_b <= N``.
     temperature, logits, seed, offset, backend, validate
         As in :func:`specdec_kernels.chain_verify`.
@@ -84,8 +84,8 @@ def tree_verify(
     check.tensor("tree_token_ids", tree_token_ids, (batch_size, max_nodes), _validation.TOKEN_DTYPES, "[B, N]")
     check.tensor("parents", parents, (batch_size, max_nodes), (torch.int32,), "[B, N]")
     check.optional_tensor("draft", draft, (batch_size, max_nodes, vocab_size), _validation.FLOAT_DTYPES, "[B, N, V]")
-    check.optional_tensor("num_nodes", num_nodes, (batch_size,), (torch.int32,), "[B]")
-    check.optional_tensor("temperature", temperature, (batch_size,), (torch.float32,), "[B]")
+    num_nodes = check.counts("num_nodes", num_nodes, batch_size)
+    temperature = check.temperature(temperature, batch_size)
     if not isinstance(logits, bool):
         check.fail(f"`logits` must be a bool; got {type(logits).__name__}", TypeError)
     check.choice("draft_sampling", draft_sampling, DRAFT_SAMPLING)
