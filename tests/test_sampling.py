@@ -208,3 +208,29 @@ def test_residual_without_mass_falls_back_to_the_target():
     rejected = accepted == 0
     assert bool(rejected.any())
     assert bool((output[rejected, 0] >= 0).all())
+
+
+def test_normalise_matches_python_integers_and_ignores_order():
+    """``normalise`` is ``float32(W_v / float(S))`` with ``S`` summed exactly, whatever the row's order.
+
+    Rows: a distribution, a residual with little mass, weights clamped at 1
+    whose total passes ``2**64`` (the split sum), entries below ``2**-52`` and
+    NaN (weight 0), and a row without mass (all zeros).
+    """
+    generator = torch.Generator().manual_seed(11)
+    vocab_size = 5000
+    rows = torch.stack([
+        torch.softmax(torch.randn(vocab_size, generator=generator) * 3, -1),
+        torch.rand(vocab_size, generator=generator) * 1e-9,
+        torch.full((vocab_size,), 7.0),
+        torch.where(torch.rand(vocab_size, generator=generator) < 0.5, 1e-17, 0.25),
+        torch.where(torch.rand(vocab_size, generator=generator) < 0.5, float("nan"), 1e-3),
+        torch.zeros(vocab_size),
+    ])
+    got = _sampling.normalise(rows)
+    for row, values in zip(_sampling.fixed_point(rows).tolist(), got):
+        total = sum(row)
+        want = torch.tensor([w / float(total) if total else 0.0 for w in row], dtype=torch.float64)
+        assert torch.equal(values, want.to(torch.float32))
+    permutation = torch.randperm(vocab_size, generator=generator)
+    assert torch.equal(_sampling.normalise(rows[:, permutation]), got[:, permutation])

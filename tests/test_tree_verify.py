@@ -129,12 +129,10 @@ def expected_walk(tree_token_ids, parents, target, draft, num_nodes, temperature
                 mass = torch.clamp_min(p - proposal, 0.0)
                 if not bool((_sampling.fixed_point(mass) > 0).any()):  # no mass at the sampler's resolution
                     mass = p
-                total = mass.sum(dim=-1, keepdim=True)
-                p = mass / total if float(total) > 0 else mass
+                p = normalise_twin(mass)
                 if q is not None and draft_sampling == "without_replacement":
                     q[0, token] = 0.0
-                    total = q.sum(dim=-1, keepdim=True)
-                    q = q / total if float(total) > 0 else q
+                    q = normalise_twin(q)
             if not moved:
                 break
             path.append(node)
@@ -149,6 +147,17 @@ def expected_walk(tree_token_ids, parents, target, draft, num_nodes, temperature
     for b in range(batch_size):
         output[b, int(num_accepted[b])] = greedy_emitted.get(b, int(sampled[b]))
     return accepted_nodes, output, num_accepted
+
+
+def normalise_twin(mass):
+    """``_sampling.normalise`` of one row ``[1, V]`` in Python integers and floats.
+
+    ``float(S)`` of a Python int and ``/`` of two floats are correctly rounded.
+    """
+    weights = [int(w) for w in _sampling.fixed_point(mass)[0].tolist()]
+    total = sum(weights)
+    values = [w / float(total) if total else 0.0 for w in weights]
+    return torch.tensor([values], dtype=torch.float64).to(torch.float32)
 
 
 def check_structure(result, tree_token_ids, parents, num_nodes, vocab_size):

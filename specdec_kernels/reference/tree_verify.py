@@ -17,9 +17,10 @@ drawn without replacement), or the point mass on a fixed candidate
 (``draft=None``: the target is sampled without replacement over the
 candidates).
 
-Normalising needs a sum over the vocabulary, so bit-for-bit agreement of
-another backend also depends on its summation order (here ``torch.sum`` in
-float32).
+Normalising needs a sum over the vocabulary. ``_sampling.normalise`` makes
+it an exact integer sum of the fixed-point weights, then one float64
+division per entry, so every backend gets the same bits whatever its
+reduction order.
 """
 
 from __future__ import annotations
@@ -31,17 +32,6 @@ from . import _sampling
 from .build_tree import validate_parents
 
 DRAFT_SAMPLING = ("with_replacement", "without_replacement")
-
-
-def _normalise(mass: torch.Tensor) -> torch.Tensor:
-    """``mass / sum(mass)`` per row of non-negative float32 ``mass``.
-
-    A row without mass is all zeros and is divided by 1 (stays zero). The sum
-    is ``torch.sum`` over the last dim in float32; the division is correctly
-    rounded.
-    """
-    total = mass.sum(dim=-1, keepdim=True)
-    return mass / torch.where(total > 0, total, 1.0)
 
 
 def tree_verify(
@@ -125,14 +115,14 @@ def tree_verify(
 
         # Rows that tried nothing keep p and q; the others move to the child's
         # rows or to the residual.
-        rejected_target = _normalise(_sampling.residual(residual_target, tried_proposal))
+        rejected_target = _sampling.normalise(_sampling.residual(residual_target, tried_proposal))
         residual_target = torch.where(
             tried.view(-1, 1), torch.where(accepted.view(-1, 1), target_probs[:, child], rejected_target),
             residual_target,
         )
         if proposal is not None:
             if remove_drawn:
-                rejected_proposal = _normalise(proposal.masked_fill(drawn, 0.0))
+                rejected_proposal = _sampling.normalise(proposal.masked_fill(drawn, 0.0))
             else:
                 rejected_proposal = proposal
             proposal = torch.where(
