@@ -59,48 +59,9 @@ import triton
 import triton.language as tl
 
 from .chain_verify_finish import greedy_decisions, sampled_tokens, wait_for, write_outputs
-from .chain_verify_rows import row_pointers, sample_slice
+from .chain_verify_rows import inverse_norm, row_pointers, row_statistics, sample_slice
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import softmax_weight
-
-
-@triton.jit
-def _row_statistics(target_row, draft_row, read_target, read_draft, inverse_temperature, vocab_lo, vocab_hi,
-                    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Statistics of ``[vocab_lo, vocab_hi)`` of one row of each request (``[ROWS, 1]`` row pointers).
-
-    The target row's max (NaN ignored) and argmax (ties to the lower index);
-    with ``LOGITS`` also ``sum exp((x - max) / T)`` of the target row and the
-    max and sum of the draft row. ``read_target`` / ``read_draft`` (``[ROWS,
-    1]``) mask the rows read.
-    """
-    vocab = tl.arange(0, BLOCK_V)[None, :]
-    row_max = tl.full((ROWS,), -float("inf"), tl.float32)
-    row_arg = tl.full((ROWS,), 2147483647, tl.int32)
-    row_sum = tl.zeros((ROWS,), tl.float32)
-    drow_max = tl.full((ROWS,), -float("inf"), tl.float32)
-    drow_sum = tl.zeros((ROWS,), tl.float32)
-    for start in range(vocab_lo, vocab_hi, BLOCK_V):
-        index = start + vocab
-        in_slice = index < vocab_hi
-        x = tl.load(target_row + index, mask=read_target & in_slice, other=-float("inf")).to(tl.float32)
-        x = tl.where(x == x, x, -float("inf"))
-        tile_max = tl.max(x, axis=1)
-        tile_arg = tl.min(tl.where(x == tile_max[:, None], index, 2147483647), axis=1)
-        row_arg = tl.where((tile_max > row_max) | ((tile_max == row_max) & (tile_arg < row_arg)), tile_arg, row_arg)
-        if LOGITS:
-            new_max = tl.maximum(row_max, tile_max)
-            row_sum = row_sum * softmax_weight(row_max - new_max, inverse_temperature) + tl.sum(
-                softmax_weight(x - new_max[:, None], inverse_temperature[:, None]), axis=1)
-            if HAS_DRAFT:
-                y = tl.load(draft_row + index, mask=read_draft & in_slice, other=-float("inf")).to(tl.float32)
-                y = tl.where(y == y, y, -float("inf"))
-                new_dmax = tl.maximum(drow_max, tl.max(y, axis=1))
-                drow_sum = drow_sum * softmax_weight(drow_max - new_dmax, inverse_temperature) + tl.sum(
-                    softmax_weight(y - new_dmax[:, None], inverse_temperature[:, None]), axis=1)
-                drow_max = new_dmax
-        row_max = tl.maximum(row_max, tile_max)
-    return row_max, row_arg, row_sum, drow_max, drow_sum
 
 
 @triton.jit
@@ -112,14 +73,14 @@ def _scan_statistics(
     LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """:func:`_row_statistics` of this slice of rows ``0..n_b``, stored at ``[request, position, split]``.
+    """:func:`row_statistics` of this slice of rows ``0..n_b``, stored at ``[request, position, split]``.
 
     ``target_rows`` / ``draft_rows`` mask the requests whose rows are read;
     target rows past ``n_b`` and draft rows past ``n_b - 1`` are not read.
     """
     slot = requests.to(tl.int64) * BLOCK_K1 * num_splits + split
     for position in range(0, max_drafts + 1):
-        row_max, row_arg, row_sum, drow_max, drow_sum = _row_statistics(
+        row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
             row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)[:, None],
             row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)[:, None],
             (target_rows & (position <= num_drafts))[:, None], (draft_rows & (position < num_drafts))[:, None],
@@ -132,18 +93,6 @@ def _scan_statistics(
             if HAS_DRAFT:
                 tl.store(stat_dmax_ptr + here, drow_max, mask=active)
                 tl.store(stat_dsum_ptr + here, drow_sum, mask=active)
-
-
-@triton.jit
-def _inverse_norm(row_sum):
-    """``1 / row_sum``, NaN for a row without mass, so its probabilities come out NaN like the reference's ``0 / 0``.
-
-    div_rn: ``/`` is approximate on GPUs, and ``T = inf`` (``p = 1 / n``) must
-    match the reference exactly. NaN rather than ``1 / 0 = inf``: ``0 * inf``
-    is NaN too, but warns in the interpreter.
-    """
-    safe_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
-    return tl.where(row_sum > 0.0, tl.math.div_rn(tl.zeros_like(safe_sum) + 1.0, safe_sum), float("nan"))
 
 
 @triton.jit
@@ -173,15 +122,15 @@ def _walk_rows(
         drafted = going & (position < num_drafts) & (tl.max((here & valid).to(tl.int32), axis=1) > 0)
         target_row = row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)
         draft_row = row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)
-        row_max, row_arg, row_sum, drow_max, drow_sum = _row_statistics(
+        row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
             target_row[:, None], draft_row[:, None], going[:, None],
             (going & sampled & (position < num_drafts))[:, None],
             inverse_temperature, 0, vocab_size, True, HAS_DRAFT, ROWS, BLOCK_V)
-        inverse_norm = _inverse_norm(row_sum)
-        dinverse_norm = _inverse_norm(drow_sum)
+        row_inverse_norm = inverse_norm(row_sum)
+        dinverse_norm = inverse_norm(drow_sum)
         gather = drafted & sampled
         p = tl.load(target_row + token, mask=gather, other=0.0).to(tl.float32)
-        p = softmax_weight(p - row_max, inverse_temperature) * inverse_norm
+        p = softmax_weight(p - row_max, inverse_temperature) * row_inverse_norm
         if HAS_DRAFT:
             q = tl.load(draft_row + token, mask=gather, other=0.0).to(tl.float32)
             q = softmax_weight(q - drow_max, inverse_temperature) * dinverse_norm
@@ -193,7 +142,7 @@ def _walk_rows(
         stopping = going & ~accepted
         stop = tl.where(stopping, position, stop)
         stop_max = tl.where(stopping, row_max, stop_max)
-        stop_inverse_norm = tl.where(stopping, inverse_norm, stop_inverse_norm)
+        stop_inverse_norm = tl.where(stopping, row_inverse_norm, stop_inverse_norm)
         stop_dmax = tl.where(stopping, drow_max, stop_dmax)
         stop_dinverse_norm = tl.where(stopping, dinverse_norm, stop_dinverse_norm)
         greedy_token = tl.where(stopping, greedy_arg, greedy_token)
@@ -226,7 +175,7 @@ def _combine_normalisers(stat_max_ptr, stat_sum_ptr, requests, rows, num_splits,
         row_sum = row_sum * softmax_weight(row_max - new_max, inverse_temperature) + tl.sum(
             slice_sum * softmax_weight(slice_max - new_max[:, :, None], inverse_temperature[:, :, None]), axis=2)
         row_max = new_max
-    return row_max, _inverse_norm(row_sum)
+    return row_max, inverse_norm(row_sum)
 
 
 @triton.jit

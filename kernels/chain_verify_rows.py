@@ -1,5 +1,6 @@
-"""Reads of target and draft rows shared by the chain kernel's passes.
+"""Reads of target and draft rows shared by the chain and tree kernels.
 
+``row_statistics`` is a row's max, argmax and softmax normaliser;
 ``sample_slice`` is the per-element pass of the sampler: loads, subtract,
 clamp, scale, convert, one int64 scan per 1024-token chunk, a compare and
 a count (``kernels/sampling.py``); no random number per element.
@@ -61,3 +62,54 @@ def sample_slice(
         total, offset = chunk_pick(fixed_point(p - q), chunk_draw(k0, k1, c2, c3, stop, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
         tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
+
+
+@triton.jit
+def row_statistics(target_row, draft_row, read_target, read_draft, inverse_temperature, vocab_lo, vocab_hi,
+                   LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Statistics of ``[vocab_lo, vocab_hi)`` of one row of each request (``[ROWS, 1]`` row pointers).
+
+    The target row's max (NaN ignored) and argmax (ties to the lower index);
+    with ``LOGITS`` also ``sum exp((x - max) / T)`` of the target row and the
+    max and sum of the draft row. ``read_target`` / ``read_draft`` (``[ROWS,
+    1]``) mask the rows read.
+    """
+    vocab = tl.arange(0, BLOCK_V)[None, :]
+    row_max = tl.full((ROWS,), -float("inf"), tl.float32)
+    row_arg = tl.full((ROWS,), 2147483647, tl.int32)
+    row_sum = tl.zeros((ROWS,), tl.float32)
+    drow_max = tl.full((ROWS,), -float("inf"), tl.float32)
+    drow_sum = tl.zeros((ROWS,), tl.float32)
+    for start in range(vocab_lo, vocab_hi, BLOCK_V):
+        index = start + vocab
+        in_slice = index < vocab_hi
+        x = tl.load(target_row + index, mask=read_target & in_slice, other=-float("inf")).to(tl.float32)
+        x = tl.where(x == x, x, -float("inf"))
+        tile_max = tl.max(x, axis=1)
+        tile_arg = tl.min(tl.where(x == tile_max[:, None], index, 2147483647), axis=1)
+        row_arg = tl.where((tile_max > row_max) | ((tile_max == row_max) & (tile_arg < row_arg)), tile_arg, row_arg)
+        if LOGITS:
+            new_max = tl.maximum(row_max, tile_max)
+            row_sum = row_sum * softmax_weight(row_max - new_max, inverse_temperature) + tl.sum(
+                softmax_weight(x - new_max[:, None], inverse_temperature[:, None]), axis=1)
+            if HAS_DRAFT:
+                y = tl.load(draft_row + index, mask=read_draft & in_slice, other=-float("inf")).to(tl.float32)
+                y = tl.where(y == y, y, -float("inf"))
+                new_dmax = tl.maximum(drow_max, tl.max(y, axis=1))
+                drow_sum = drow_sum * softmax_weight(drow_max - new_dmax, inverse_temperature) + tl.sum(
+                    softmax_weight(y - new_dmax[:, None], inverse_temperature[:, None]), axis=1)
+                drow_max = new_dmax
+        row_max = tl.maximum(row_max, tile_max)
+    return row_max, row_arg, row_sum, drow_max, drow_sum
+
+
+@triton.jit
+def inverse_norm(row_sum):
+    """``1 / row_sum``, NaN for a row without mass, so its probabilities come out NaN like the reference's ``0 / 0``.
+
+    div_rn: ``/`` is approximate on GPUs, and ``T = inf`` (``p = 1 / n``) must
+    match the reference exactly. NaN rather than ``1 / 0 = inf``: ``0 * inf``
+    is NaN too, but warns in the interpreter.
+    """
+    safe_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
+    return tl.where(row_sum > 0.0, tl.math.div_rn(tl.zeros_like(safe_sum) + 1.0, safe_sum), float("nan"))
