@@ -211,7 +211,7 @@ def test_residual_without_mass_falls_back_to_the_target():
 
 
 def test_normalise_matches_python_integers_and_ignores_order():
-    """``normalise`` is ``float32(W_v / float(S))`` with ``S`` summed exactly, whatever the row's order.
+    """``normalise`` is ``float32(W_v * float32(1 / float32(S)))``, ``S`` summed exactly, whatever the row's order.
 
     Rows: a distribution, a residual with little mass, weights clamped at 1
     whose total passes ``2**64`` (the split sum), entries below ``2**-52`` and
@@ -230,7 +230,8 @@ def test_normalise_matches_python_integers_and_ignores_order():
     got = _sampling.normalise(rows)
     for row, values in zip(_sampling.fixed_point(rows).tolist(), got):
         total = sum(row)
-        want = torch.tensor([w / float(total) if total else 0.0 for w in row], dtype=torch.float64)
+        reciprocal = float(np.float32(1.0) / np.float32(float(total))) if total else 0.0
+        want = torch.tensor([w * reciprocal for w in row], dtype=torch.float64)
         assert torch.equal(values, want.to(torch.float32))
     permutation = torch.randperm(vocab_size, generator=generator)
     assert torch.equal(_sampling.normalise(rows[:, permutation]), got[:, permutation])

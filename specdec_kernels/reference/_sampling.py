@@ -186,19 +186,26 @@ def normalise(mass: torch.Tensor) -> torch.Tensor:
     """float32 ``W_v / S`` per row, ``W = fixed_point(mass)`` and ``S = sum_v W_v``; all zeros where ``S == 0``.
 
     The normaliser every backend reproduces bit for bit (a float32 sum would
-    depend on its reduction order). ``S`` is an exact integer: each ``W_v <
-    2**53`` is split at bit 31 into two int64 sums, exact in any order, whose
-    float64 values are exact for ``V < 2**22``; ``float64(S)`` is
-    ``high31 * 2**31 + low31`` rounded once (correctly rounded). Then
-    ``float32(float64(W_v) / float64(S))``: an exact float64 numerator, a
-    correctly rounded float64 division, one rounding to float32. Entries
-    below ``2**-52`` (and NaN) weigh 0, as in the sampler.
+    depend on its reduction order):
+
+    * ``S`` is an exact integer: each ``W_v < 2**53`` is split at bit 31 into
+      two int64 sums, exact in any order, whose float64 values are exact for
+      ``V < 2**22``; ``float64(S) = high31 * 2**31 + low31`` is rounded once;
+    * ``r = 1 / float32(S)``, one correctly rounded float32 division per row
+      (a float64 division costs a GPU a subroutine call);
+    * each entry is ``float32(float64(W_v) * float64(r))``: ``W_v`` is exact in
+      float64, the product is rounded to float64, then to float32.
+
+    The row's total is within ``2**-22`` of 1, the order of the float32
+    rounding of its entries. Entries below ``2**-52`` (and NaN) weigh 0, as in
+    the sampler.
     """
     weights = fixed_point(mass)
     high31 = (weights >> 31).sum(dim=-1, keepdim=True)
     low31 = (weights & _LOW31).sum(dim=-1, keepdim=True)
-    total = high31.to(torch.float64) * float(2**31) + low31.to(torch.float64)
-    return (weights.to(torch.float64) / torch.where(total > 0, total, 1.0)).to(torch.float32)
+    total = (high31.to(torch.float64) * float(2**31) + low31.to(torch.float64)).to(torch.float32)
+    reciprocal = 1.0 / torch.where(total > 0, total, 1.0)
+    return (weights.to(torch.float64) * reciprocal.to(torch.float64)).to(torch.float32)
 
 
 def _has_mass(weights: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,9 @@ drawn without replacement), or the point mass on a fixed candidate
 candidates).
 
 Normalising needs a sum over the vocabulary. ``_sampling.normalise`` makes
-it an exact integer sum of the fixed-point weights, then one float64
-division per entry, so every backend gets the same bits whatever its
-reduction order.
+it an exact integer sum of the fixed-point weights, then one correctly
+rounded reciprocal per row and one float64 product per entry, so every
+backend gets the same bits whatever its reduction order.
 """
 
 from __future__ import annotations
