@@ -9,6 +9,7 @@ special trees, invalid values and the seed/offset contract.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -152,11 +153,12 @@ def expected_walk(tree_token_ids, parents, target, draft, num_nodes, temperature
 def normalise_twin(mass):
     """``_sampling.normalise`` of one row ``[1, V]`` in Python integers and floats.
 
-    ``float(S)`` of a Python int and ``/`` of two floats are correctly rounded.
+    ``float(S)`` of a Python int, numpy's float32 ``/`` and Python's ``*`` are correctly rounded.
     """
     weights = [int(w) for w in _sampling.fixed_point(mass)[0].tolist()]
     total = sum(weights)
-    values = [w / float(total) if total else 0.0 for w in weights]
+    reciprocal = float(np.float32(1.0) / np.float32(float(total))) if total else 0.0
+    values = [w * reciprocal for w in weights]
     return torch.tensor([values], dtype=torch.float64).to(torch.float32)
 
 
