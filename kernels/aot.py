@@ -37,6 +37,17 @@ CHAIN_VERIFY_SHAPES = (
 )
 
 
+# (batch, tree size, vocabulary, dtype, draft given, draft sampling, logits,
+# per-request seeds): the EAGLE range, the largest tree (N = 1024, one node
+# tile) and a vocabulary below one chunk.
+TREE_VERIFY_SHAPES = (
+    (8, 64, 128256, "fp32", True, "without_replacement", False, False),
+    (64, 32, 32000, "bf16", True, "with_replacement", True, True),
+    (1, 1024, 151936, "bf16", False, "without_replacement", False, True),
+    (256, 8, 100, "fp16", True, "without_replacement", True, False),
+    (512, 64, 16, "fp32", True, "without_replacement", False, True),
+)
+
 # (tree size, parents dtype, prefix_lens dtype): N <= 64 is one program per
 # request, N = 1024 the widest mask row (32 words).
 BUILD_TREE_SHAPES = (
@@ -148,6 +159,49 @@ def build_tree_variants():
     return variants
 
 
+def tree_verify_variants():
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_verify configurations."""
+    from specdec_kernels.launchers.tree_verify import MAX_REGISTERS, NUM_WARPS, launch_config, scratch_rows
+
+    from .tree_verify import _tree_verify_kernel
+
+    variants = []
+    for batch, tree_size, vocab, dtype, draft, draft_sampling, logits, per_request in TREE_VERIFY_SHAPES:
+        config = launch_config(batch, tree_size, vocab)
+        rows = scratch_rows(draft, draft_sampling)
+        signature = {
+            "ids_ptr": "*i64", "parents_ptr": "*i32", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
+            "num_nodes_ptr": "*i32", "temperature_ptr": "*fp32",
+            "seed_ptr": "*i64", "seed_low": "i32", "seed_high": "i32",
+            "offset_ptr": "*i64", "offset_low": "i32", "offset_high": "i32",
+            "accepted_ptr": "*i32", "output_ptr": "*i32", "num_accepted_ptr": "*i32",
+            "scratch_ptr": "*fp32", "chunk_total_ptr": "*i64", "chunk_pick_ptr": "*i32",
+            "batch_size": "i32", "tree_size": "i32", "vocab_size": "i32", "num_chunks": "i32",
+            "stride_ids_b": "i32", "stride_ids_n": "i32", "stride_parents_b": "i32", "stride_parents_n": "i32",
+            "stride_target_b": "i32", "stride_target_n": "i32", "stride_draft_b": "i32", "stride_draft_n": "i32",
+            "stride_accepted_b": "i32", "stride_output_b": "i32",
+        }
+        constexprs = {
+            "HAS_DRAFT": draft, "HAS_NUM_NODES": True, "HAS_TEMPERATURE": True, "LOGITS": logits,
+            "REMOVE_DRAWN": rows == 2, "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True,
+            "OFFSET_PER_REQUEST": per_request, "SCRATCH_ROWS": rows,
+            "ROWS": config.rows, "BLOCK_N": config.block_n, "BLOCK_V": config.block_v,
+            "CHUNK_TILE": config.chunk_tile,
+        }
+        signature.update({key: "constexpr" for key in constexprs})
+        name = (f"tree_verify B={batch} N={tree_size} V={vocab} {dtype} {'logits' if logits else 'probs'} "
+                f"{draft_sampling if draft else 'one-hot'} rows={config.rows}")
+        values = {"tree_size": tree_size, "vocab_size": vocab, "stride_ids_b": tree_size, "stride_ids_n": 1,
+                  "stride_parents_b": tree_size, "stride_parents_n": 1,
+                  "stride_target_b": tree_size * vocab, "stride_target_n": vocab,
+                  "stride_draft_b": tree_size * vocab if draft else 0, "stride_draft_n": vocab if draft else 0,
+                  "stride_accepted_b": tree_size, "stride_output_b": tree_size}
+        attrs = _jit_divisibility(signature, values, _tree_verify_kernel)
+        options = {"num_warps": NUM_WARPS, "enable_fp_fusion": False, "maxnreg": MAX_REGISTERS}
+        variants.append((name, _tree_verify_kernel, signature, constexprs, options, attrs))
+    return variants
+
+
 def compact_kv_variants():
     """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's compact_kv configurations."""
     from specdec_kernels.launchers.compact_kv import NUM_WARPS, launch_config
@@ -187,7 +241,7 @@ def compact_kv_variants():
 
 def all_variants():
     """Every compiled variant of every Triton kernel."""
-    return chain_verify_variants() + build_tree_variants() + compact_kv_variants()
+    return chain_verify_variants() + tree_verify_variants() + build_tree_variants() + compact_kv_variants()
 
 
 def _ptxas_path(capability: int) -> str:
@@ -238,6 +292,15 @@ def narrow_stride_uses(ptx: str, signature: dict) -> list[str]:
             and not line.strip().startswith(("cvt.s64.s32", "mul.wide.s32", "mad.wide.s32"))]
 
 
+def approximate_divisions(ptx: str) -> list[str]:
+    """PTX lines with an approximate division (``div.full``, ``div.approx``).
+
+    Every division in these kernels feeds a value another backend must match
+    bit for bit, so each must be correctly rounded (``div.rn``).
+    """
+    return [line.strip() for line in ptx.splitlines() if re.search(r"\bdiv\.(full|approx)\.", line)]
+
+
 def compile_all() -> list[dict]:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -251,7 +314,8 @@ def compile_all() -> list[dict]:
             registers, spill_stores, spill_loads = ptxas_report(compiled.asm["ptx"], capability, arch)
             rows.append({"kernel": name, "arch": arch, "registers": registers, "spill_stores": spill_stores,
                          "spill_loads": spill_loads,
-                         "narrow_strides": narrow_stride_uses(compiled.asm["ptx"], signature)})
+                         "narrow_strides": narrow_stride_uses(compiled.asm["ptx"], signature),
+                         "approximate_divisions": approximate_divisions(compiled.asm["ptx"])})
     return rows
 
 
@@ -265,7 +329,11 @@ def main() -> int:
               f"{row['spill_stores']} B spill stores, {row['spill_loads']} B spill loads")
         for line in row["narrow_strides"]:
             print(f"    32-bit use of a stride: {line}")
-    return 1 if any(row["spill_stores"] or row["spill_loads"] or row["narrow_strides"] for row in rows) else 0
+        for line in row["approximate_divisions"]:
+            print(f"    approximate division: {line}")
+    failed = (row["spill_stores"] or row["spill_loads"] or row["narrow_strides"] or row["approximate_divisions"]
+              for row in rows)
+    return 1 if any(failed) else 0
 
 
 if __name__ == "__main__":

@@ -14,24 +14,17 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from conftest import backend_or_skip
+from conftest import ALL_BACKENDS, backend_or_skip
 from specdec_kernels import rng
 from specdec_kernels.reference import _sampling
 from specdec_kernels.reference import tree_verify as reference
 
-BACKENDS = ["reference"]
+BACKENDS = list(ALL_BACKENDS)
 DRAFT_MODES = ["with_replacement", "without_replacement", None]  # None: draft=None (deterministic candidates)
 
 
 def run_tree_verify(tree_token_ids, parents, target, draft=None, *, backend, num_nodes=None, temperature=None,
                     logits=False, draft_sampling="without_replacement", seed=0, offset=0, validate=False):
-    # Until the public wrapper lands, the reference stands in for it.
-    if not hasattr(sk, "tree_verify"):
-        assert backend == "reference"
-        if validate:
-            reference.validate_tree(parents, num_nodes, tree_token_ids, target.shape[-1])
-        return reference.tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits,
-                                     draft_sampling, seed, offset)
     backend_or_skip("tree_verify", backend)
     return sk.tree_verify(tree_token_ids, parents, target, draft, num_nodes=num_nodes, temperature=temperature,
                           logits=logits, draft_sampling=draft_sampling, seed=seed, offset=offset, backend=backend,
@@ -500,6 +493,31 @@ def test_same_seed_and_offset_give_the_same_outputs(backend, device):
     assert_same(call(2**40 + 3 - 2**64, 7 + 2**64), first)
     for other in (call(2**40 + 3, 8), call(2**40 + 4, 7)):
         assert not all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(other, first))
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_kernels_match_the_reference_on_large_and_strided_inputs(backend, draft_mode, device):
+    """Trees wider than a kernel's node tile (N = 150), vocabularies of several sampler chunks
+    (V = 2500, not a multiple of 1024), bushy trees (many rejections in a row) and a target that is
+    a strided slice of a wider tensor: the same bits as the reference."""
+    backend_or_skip("tree_verify", backend)
+    generator = torch.Generator().manual_seed(150)
+    for bushy in (True, False):
+        ids, parents, target, draft, num_nodes, temperature = random_problem(
+            generator, 3, 150, 2500, invalid_fraction=0.05, zero_fraction=0.2, greedy_fraction=0.3, bushy=bushy)
+        draft = None if draft_mode is None else draft
+        wide = torch.zeros(3, 150, 2600)
+        wide[..., 50:2550] = target
+        target = wide[..., 50:2550]  # row stride 2600: not the vocabulary size
+        arguments = dict(num_nodes=num_nodes, temperature=temperature, draft_sampling=draft_mode or "with_replacement",
+                         seed=torch.tensor([3, 2**40, -5]), offset=torch.tensor([0, 7, 2**33]))
+        expected = sk.tree_verify(ids, parents, target, draft, backend="reference", **arguments)
+        result = run_tree_verify(
+            ids.to(device), parents.to(device), target.to(device), None if draft is None else draft.to(device),
+            backend=backend, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in arguments.items()})
+        check_structure(result, ids, parents, num_nodes, 2500)
+        assert_same(result, expected)
 
 
 # ----------------------------------------------------------------------------- malformed values

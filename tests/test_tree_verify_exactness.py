@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from conftest import backend_or_skip
+from conftest import ALL_BACKENDS, backend_or_skip
 from markov import SIGNIFICANCE, MarkovModel, append_emitted, joint_pvalue
 from specdec_kernels.reference import _sampling
 
-BACKENDS = ["reference"]
+BACKENDS = list(ALL_BACKENDS)
 
 NUM_SEQUENCES = 100_000
 # The wrong verifiers below fail with p < 1e-12 on a fifth of the samples.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
+from ..launchers.tree_verify import triton_tree_verify
 from ..reference import tree_verify as reference
 
 OP_NAME = "tree_verify"
@@ -121,4 +122,4 @@ def _fake(tree_token_ids, parents, target, *args):
     )
 
 
-_library.register(OP_NAME, {"reference": _reference}, _fake)
+_library.register(OP_NAME, {"reference": _reference, "triton": triton_tree_verify}, _fake)

@@ -1,0 +1,353 @@
+"""Fused tree verification: one launch walks every request's draft tree.
+
+Design
+------
+A program owns ``ROWS`` requests (one on GPUs, see the launcher; thousands
+under the interpreter) and walks their trees as the reference defines it
+(``specdec_kernels/reference/tree_verify.py``), all rows in step: from the
+current node each row tries its children in increasing index, each found by
+a vectorised min over a tile of ``parents`` (:func:`_next_child`), never a
+serial scan of the ``N`` nodes.
+
+Only what is needed is read. With probabilities an acceptance test is two
+gathers, ``p(t)`` and ``q(t)``. A rejection needs the whole normalised
+residual, so it makes two passes over the vocabulary
+(:func:`_rejection_totals`, :func:`_write_normalised`): the exact integer
+totals of the fixed-point weights, then ``float32(W * r)`` written to the
+request's scratch row (``[B, 1 or 2, V]`` float32 in the workspace: ``p``,
+and ``q`` when the rejected token leaves the proposal). Several rejections
+at one node re-read that row, which stays in L2 for batches that fit.
+The rows of a node on the path are read from the inputs until its first
+rejection; a full row is read only where a child is rejected, where the
+final token is sampled, and with logits or greedy requests (a softmax
+normaliser or an argmax needs the row). Nothing ``[B, N, V]`` is written.
+
+The final token is the fixed-point sampler on the current ``p``
+(``kernels/sampling.py``), chunk by chunk, so the bits are the
+reference's whatever the tile: ``normalise`` and the sampler are exact
+integer sums, and each normalised entry is a float64 product with the
+row's correctly rounded float32 reciprocal, then one rounding to float32.
+
+No program waits for another, so there is no ordering hazard across
+programs; within a program, ``tl.debug_barrier()`` orders the scratch and
+chunk writes before other threads read them, and those reads bypass L1
+(``.cg``). Offsets that multiply a stride are 64-bit.
+
+Not done yet: splitting one request's vocabulary over several programs
+(small batches use few SMs), and fusing a rejection's second pass with the
+next rejection's totals or the final sample (``2k + 1`` passes for ``k``
+rejections at the last node, where ``k + 1`` would do).
+"""
+
+import triton
+import triton.language as tl
+
+from .chain_verify_rows import inverse_norm, row_pointers, row_statistics
+from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
+from .sampling import choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point, softmax_weight
+
+_LOW31 = tl.constexpr((1 << 31) - 1)
+
+
+@triton.jit
+def _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab_size,
+                stride_parents_b, stride_parents_n, stride_ids_b, stride_ids_n, BLOCK_N: tl.constexpr):
+    """Per row, the smallest ``i`` in ``(last, limit)`` with ``parents[i] == node`` and a token in ``[0, V)``; else ``limit``.
+
+    ``last >= node``, so every match lies after ``node`` and a parent outside
+    ``[0, i)`` never matches. The scan starts at the tile of the smallest
+    ``last + 1`` of the program's rows.
+    """
+    nodes = tl.arange(0, BLOCK_N)[None, :]
+    parents_row = row_pointers(parents_ptr, requests, stride_parents_b, 0, 0)[:, None]
+    ids_row = row_pointers(ids_ptr, requests, stride_ids_b, 0, 0)[:, None]
+    searching = active & (last < limit)
+    child = limit
+    first = tl.min(tl.where(searching, last + 1, 2147483647), axis=0) // BLOCK_N * BLOCK_N
+    for start in range(first, tl.max(tl.where(searching, limit, 0), axis=0), BLOCK_N):
+        index = start + nodes
+        mask = searching[:, None] & (index > last[:, None]) & (index < limit[:, None])
+        parent = tl.load(parents_row + index.to(tl.int64) * stride_parents_n, mask=mask, other=-1)
+        token = tl.load(ids_row + index.to(tl.int64) * stride_ids_n, mask=mask, other=-1).to(tl.int64)
+        found = mask & (parent == node[:, None]) & (token >= 0) & (token < vocab_size)
+        child = tl.minimum(child, tl.min(tl.where(found, index, 2147483647), axis=1))
+    return child
+
+
+@triton.jit
+def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_norm, inverse_temperature,
+                LOGITS: tl.constexpr):
+    """float32 probabilities at ``index`` of each row's current ``p`` (or ``q``): its scratch row, or the input row.
+
+    ``from_scratch`` says which, per row (a mask, so each element is read
+    from one of the two). An input row of logits becomes
+    ``exp((x - max) / T) / sum`` with the row's statistics; masked lanes come
+    out 0 or NaN, which weigh 0.
+    """
+    stored = tl.load(scratch + index, mask=mask & from_scratch, other=0.0, cache_modifier=".cg")
+    if LOGITS:
+        x = tl.load(row + index, mask=mask & (from_scratch == 0), other=-float("inf")).to(tl.float32)
+        given = softmax_weight(x - row_max, inverse_temperature) * row_inverse_norm
+    else:
+        given = tl.load(row + index, mask=mask & (from_scratch == 0), other=0.0).to(tl.float32)
+    return tl.where(from_scratch, stored, given)
+
+
+@triton.jit
+def _proposal_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm, inverse_temperature,
+                     token, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr):
+    """The proposal ``q`` at ``index``: the draft's row, or one-hot on ``token`` without a draft."""
+    if HAS_DRAFT:
+        values = _row_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
+                             inverse_temperature, LOGITS)
+    else:
+        values = tl.where(index == token, 1.0, 0.0)
+    return values
+
+
+@triton.jit
+def _split_sums(weights):
+    """Per row, ``(sum W >> 31, sum W & (2**31 - 1))`` of int64 weights ``W < 2**53``: exact in any order."""
+    return tl.sum(weights >> 31, axis=1), tl.sum(weights & _LOW31, axis=1)
+
+
+@triton.jit
+def _reciprocal(high31, low31):
+    """``float64(1 / float32(S))`` for ``S = high31 * 2**31 + low31`` (1 where ``S == 0``), as ``_sampling.normalise``.
+
+    Both halves are exact in float64 and their sum is rounded once; the
+    division is float32 and correctly rounded (``div_rn``), once per row.
+    """
+    total = (high31.to(tl.float64) * 2147483648.0 + low31.to(tl.float64)).to(tl.float32)
+    return tl.math.div_rn(tl.zeros_like(total) + 1.0, tl.where(total > 0.0, total, 1.0)).to(tl.float64)
+
+
+@triton.jit
+def _rejection_totals(target_row, draft_row, p_scratch, q_scratch, rejecting, p_from_scratch, q_from_scratch,
+                      p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token, vocab_size,
+                      LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
+                      ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Split totals of the fixed-point weights of ``max(0, p - q)``, of ``p`` and of ``q`` without ``token``.
+
+    Row arguments are ``[ROWS, 1]``; ``rejecting`` masks the rows read.
+    """
+    vocab = tl.arange(0, BLOCK_V)[None, :]
+    residual_high = tl.zeros((ROWS,), tl.int64)
+    residual_low = tl.zeros((ROWS,), tl.int64)
+    target_high = tl.zeros((ROWS,), tl.int64)
+    target_low = tl.zeros((ROWS,), tl.int64)
+    drawn_high = tl.zeros((ROWS,), tl.int64)
+    drawn_low = tl.zeros((ROWS,), tl.int64)
+    for start in range(0, vocab_size, BLOCK_V):
+        index = start + vocab
+        mask = rejecting & (index < vocab_size)
+        p = _row_values(target_row, p_scratch, index, mask, p_from_scratch, p_max, p_inverse_norm,
+                        inverse_temperature, LOGITS)
+        q = _proposal_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
+                             inverse_temperature, token, LOGITS, HAS_DRAFT)
+        # fixed_point maps the negatives and NaNs of p - q to 0: max(0, p - q) in one step.
+        high, low = _split_sums(fixed_point(p - q))
+        residual_high += high
+        residual_low += low
+        high, low = _split_sums(fixed_point(p))
+        target_high += high
+        target_low += low
+        if REMOVE_DRAWN:
+            high, low = _split_sums(fixed_point(tl.where(index == token, 0.0, q)))
+            drawn_high += high
+            drawn_low += low
+    return residual_high, residual_low, target_high, target_low, drawn_high, drawn_low
+
+
+@triton.jit
+def _write_normalised(target_row, draft_row, p_scratch, q_scratch, rejecting, p_from_scratch, q_from_scratch,
+                      p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token, vocab_size,
+                      use_residual, p_high, p_low, q_high, q_low,
+                      LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
+                      BLOCK_V: tl.constexpr):
+    """The new ``p`` (the residual, or ``p`` where it has no mass) and, removing the drawn token, ``q``.
+
+    Each tile is read before it is overwritten, so the scratch rows may be
+    both the source and the destination.
+    """
+    vocab = tl.arange(0, BLOCK_V)[None, :]
+    p_reciprocal = _reciprocal(p_high, p_low)[:, None]
+    q_reciprocal = _reciprocal(q_high, q_low)[:, None]
+    for start in range(0, vocab_size, BLOCK_V):
+        index = start + vocab
+        mask = rejecting & (index < vocab_size)
+        p = _row_values(target_row, p_scratch, index, mask, p_from_scratch, p_max, p_inverse_norm,
+                        inverse_temperature, LOGITS)
+        q = _proposal_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
+                             inverse_temperature, token, LOGITS, HAS_DRAFT)
+        weights = tl.where(use_residual, fixed_point(p - q), fixed_point(p))
+        tl.store(p_scratch + index, (weights.to(tl.float64) * p_reciprocal).to(tl.float32), mask=mask)
+        if REMOVE_DRAWN:
+            drawn = fixed_point(tl.where(index == token, 0.0, q))
+            tl.store(q_scratch + index, (drawn.to(tl.float64) * q_reciprocal).to(tl.float32), mask=mask)
+
+
+@triton.jit
+def _sample_rows(target_row, p_scratch, sampled, p_from_scratch, p_max, p_inverse_norm, inverse_temperature,
+                 chunk_total_ptr, chunk_pick_ptr, requests, k0, k1, c2, c3, node, num_chunks, vocab_size,
+                 LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr):
+    """The fixed-point sample of each row's current ``p`` at position ``node``; -1 without mass.
+
+    ``BLOCK_V`` is the sampler's chunk (or the whole vocabulary below one):
+    one tile per chunk, its total and candidate stored, then the chunk
+    choice in 128-bit arithmetic.
+    """
+    vocab = tl.arange(0, BLOCK_V)[None, :]
+    slot = requests.to(tl.int64) * num_chunks
+    for chunk in range(0, num_chunks):
+        index = chunk * BLOCK_V + vocab
+        mask = sampled[:, None] & (index < vocab_size)
+        p = _row_values(target_row, p_scratch, index, mask, p_from_scratch, p_max, p_inverse_norm,
+                        inverse_temperature, LOGITS)
+        total, offset = chunk_pick(fixed_point(p), chunk_draw(k0, k1, c2, c3, node, chunk))
+        tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
+        tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
+    tl.debug_barrier()  # the chunk results, visible to every thread
+    high31, low31 = chunk_sums(chunk_total_ptr, slot, sampled, num_chunks, ROWS, CHUNK_TILE)
+    return choose_chunk(chunk_total_ptr, chunk_pick_ptr, slot, sampled, num_chunks, high31, low31,
+                        choice_draw(k0, k1, c2, c3, node), ROWS, CHUNK_TILE)
+
+
+@triton.jit(do_not_specialize=[
+    "seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "tree_size", "num_chunks",
+    "stride_ids_b", "stride_parents_b", "stride_accepted_b", "stride_output_b",
+])
+def _tree_verify_kernel(
+    ids_ptr, parents_ptr, target_ptr, draft_ptr, num_nodes_ptr, temperature_ptr,
+    seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
+    accepted_ptr, output_ptr, num_accepted_ptr,
+    # workspace: scratch rows [B, SCRATCH_ROWS, V] float32; chunk results [B, chunks]
+    scratch_ptr, chunk_total_ptr, chunk_pick_ptr,
+    batch_size, tree_size, vocab_size, num_chunks,
+    stride_ids_b, stride_ids_n, stride_parents_b, stride_parents_n,
+    stride_target_b, stride_target_n, stride_draft_b, stride_draft_n, stride_accepted_b, stride_output_b,
+    HAS_DRAFT: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_TEMPERATURE: tl.constexpr, LOGITS: tl.constexpr,
+    REMOVE_DRAWN: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
+    OFFSET_PER_REQUEST: tl.constexpr, SCRATCH_ROWS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr,
+):
+    """``ROWS`` requests per program; see the module docstring."""
+    requests = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    active = requests < batch_size
+    if HAS_TEMPERATURE:
+        temperature = tl.load(temperature_ptr + requests, mask=active, other=1.0)
+    else:
+        temperature = tl.full((ROWS,), 1.0, tl.float32)
+    greedy = active & (temperature == 0.0)
+    sampled = active & (temperature != 0.0)
+    inverse_temperature = tl.math.div_rn(tl.full((ROWS,), 1.0, tl.float32), tl.where(temperature > 0.0, temperature, 1.0))
+    if HAS_NUM_NODES:
+        limit = tl.load(num_nodes_ptr + requests, mask=active, other=1).to(tl.int64)
+        limit = tl.minimum(tl.maximum(limit, 1), tree_size).to(tl.int32)
+    else:
+        limit = tl.full((ROWS,), 0, tl.int32) + tree_size
+    k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
+                                 requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
+    ids_row = row_pointers(ids_ptr, requests, stride_ids_b, 0, 0)
+    p_scratch = scratch_ptr + requests.to(tl.int64) * SCRATCH_ROWS * vocab_size
+    q_scratch = p_scratch + (SCRATCH_ROWS - 1) * vocab_size
+    accepted_row = accepted_ptr + requests.to(tl.int64) * stride_accepted_b
+    output_row = output_ptr + requests.to(tl.int64) * stride_output_b
+
+    # Per-row walk state, int32 where it can be: flags kept as predicates
+    # across the walk made ptxas spill (a thread has 7 predicate registers).
+    node = tl.zeros((ROWS,), tl.int32)
+    last = tl.where(active, node, limit)  # the child tried last; limit once the row's walk is over
+    depth = node
+    statistics_node = node - 1  # the node whose statistics are loaded
+    scratch_node = node - 1  # the node whose rejection wrote the scratch rows
+    p_max = tl.zeros((ROWS,), tl.float32)
+    p_inverse_norm = p_max
+    q_max = p_max
+    q_inverse_norm = p_max
+    greedy_token = node - 1
+    tl.store(accepted_row, node, mask=active)
+    while tl.max((last < limit).to(tl.int32), axis=0) > 0:
+        child = _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab_size,
+                            stride_parents_b, stride_parents_n, stride_ids_b, stride_ids_n, BLOCK_N)
+        trying = (last < limit) & (child < limit)
+        target_row = row_pointers(target_ptr, requests, stride_target_b, node, stride_target_n)
+        draft_row = row_pointers(draft_ptr, requests, stride_draft_b, node, stride_draft_n)
+        entering = (last < limit) & (statistics_node != node)
+        if LOGITS:
+            needs_statistics = entering
+        else:
+            needs_statistics = entering & greedy
+        if tl.max(needs_statistics.to(tl.int32), axis=0) > 0:
+            row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
+                target_row[:, None], draft_row[:, None], needs_statistics[:, None],
+                (needs_statistics & trying & sampled)[:, None], inverse_temperature, 0, vocab_size,
+                LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
+            if LOGITS:
+                has_choice = row_max > -float("inf")
+            else:
+                has_choice = row_max > 0.0
+            p_max = tl.where(needs_statistics, row_max, p_max)
+            p_inverse_norm = tl.where(needs_statistics, inverse_norm(row_sum), p_inverse_norm)
+            q_max = tl.where(needs_statistics, drow_max, q_max)
+            q_inverse_norm = tl.where(needs_statistics, inverse_norm(drow_sum), q_inverse_norm)
+            greedy_token = tl.where(needs_statistics, tl.where(has_choice, row_arg, -1), greedy_token)
+        statistics_node = tl.where(entering, node, statistics_node)
+
+        # The node's rows are the inputs' until a rejection here.
+        p_from_scratch = scratch_node == node
+        if REMOVE_DRAWN:
+            q_from_scratch = p_from_scratch
+        else:
+            q_from_scratch = tl.zeros((ROWS,), tl.int1)
+        safe_child = tl.where(trying, child, 0)
+        token = tl.load(ids_row + safe_child.to(tl.int64) * stride_ids_n, mask=trying, other=0).to(tl.int64)
+        gather = trying & sampled
+        target_at = _row_values(target_row, p_scratch, token, gather, p_from_scratch, p_max, p_inverse_norm,
+                                inverse_temperature, LOGITS)
+        draft_at = _proposal_values(draft_row, q_scratch, token, gather, q_from_scratch, q_max, q_inverse_norm,
+                                    inverse_temperature, token, LOGITS, HAS_DRAFT)
+        word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
+        accepted = trying & tl.where(greedy, token == greedy_token.to(tl.int64),
+                                     uniform_from_word(word) * draft_at < target_at)
+        rejecting = gather & (accepted == 0)
+        if tl.max(rejecting.to(tl.int32), axis=0) > 0:
+            residual_high, residual_low, target_high, target_low, drawn_high, drawn_low = _rejection_totals(
+                target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], rejecting[:, None],
+                p_from_scratch[:, None], q_from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None],
+                q_max[:, None], q_inverse_norm[:, None], inverse_temperature[:, None], token[:, None], vocab_size,
+                LOGITS, HAS_DRAFT, REMOVE_DRAWN, ROWS, BLOCK_V)
+            use_residual = (residual_high != 0) | (residual_low != 0)
+            _write_normalised(
+                target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], rejecting[:, None],
+                p_from_scratch[:, None], q_from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None],
+                q_max[:, None], q_inverse_norm[:, None], inverse_temperature[:, None], token[:, None], vocab_size,
+                use_residual[:, None], tl.where(use_residual, residual_high, target_high),
+                tl.where(use_residual, residual_low, target_low), drawn_high, drawn_low,
+                LOGITS, HAS_DRAFT, REMOVE_DRAWN, BLOCK_V)
+            tl.debug_barrier()  # the new rows, visible to every thread
+            scratch_node = tl.where(rejecting, node, scratch_node)
+
+        depth += accepted.to(tl.int32)
+        tl.store(accepted_row + depth, child, mask=accepted)
+        tl.store(output_row + depth - 1, token.to(tl.int32), mask=accepted)
+        node = tl.where(accepted, child, node)
+        last = tl.where(last < limit, child, last)
+
+    target_row = row_pointers(target_ptr, requests, stride_target_b, node, stride_target_n)
+    token = greedy_token
+    if tl.max(sampled.to(tl.int32), axis=0) > 0:
+        sampled_token = _sample_rows(
+            target_row[:, None], p_scratch[:, None], sampled, (scratch_node == node)[:, None], p_max[:, None],
+            p_inverse_norm[:, None], inverse_temperature[:, None], chunk_total_ptr, chunk_pick_ptr, requests,
+            k0, k1, c2, c3, node, num_chunks, vocab_size, LOGITS, ROWS, BLOCK_V, CHUNK_TILE)
+        token = tl.where(sampled, sampled_token, greedy_token)
+    tl.store(num_accepted_ptr + requests, depth, mask=active)
+    nodes = tl.arange(0, BLOCK_N)[None, :]
+    for start in range(0, tree_size, BLOCK_N):
+        index = start + nodes
+        in_tree = active[:, None] & (index < tree_size)
+        tl.store(accepted_row[:, None] + index, tl.full((ROWS, BLOCK_N), -1, tl.int32),
+                 mask=in_tree & (index > depth[:, None]))
+        tl.store(output_row[:, None] + index, tl.where(index == depth[:, None], token[:, None], -1),
+                 mask=in_tree & (index >= depth[:, None]))

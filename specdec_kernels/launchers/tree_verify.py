@@ -1,0 +1,134 @@
+"""Launcher for tree_verify's Triton kernel: configuration, workspace, one launch."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import torch
+
+from .. import _workspace
+from .chain_verify import CHUNK_SIZE, split_words
+
+# GPU: 4 warps, tiles of 1024 elements (8 per thread): the vocabulary tile
+# is one sampler chunk (or the whole vocabulary below one), the node tile
+# holds the parents the next-child search scans (N <= 1024 is one tile).
+# One request per program: with 2-8 requests a program the walk state
+# spilled 20-1700 bytes below 1024 tokens (sm_90a, 96-128 registers), so
+# packing small vocabularies waits for a leaner state layout.
+NUM_WARPS = 4
+TILE = 1024
+MAX_ROWS = 1
+MAX_CHUNK_TILE = 1024
+# ptxas given a register cap keeps the values live across the division
+# slow-path calls in registers; left uncapped it spilled 4-16 bytes there
+# (python -m specdec_kernels._kernels.aot reports registers and spills).
+MAX_REGISTERS = 96
+# Interpreter (CPU): programs run one after another, so tiles are wide and
+# many requests share a program; the node tile stays at 64 so that trees of
+# a few hundred nodes cross tiles in the tests.
+INTERPRETER_TILE = 32768
+INTERPRETER_MAX_BLOCK_N = 64
+
+
+class LaunchConfig(NamedTuple):
+    rows: int  # requests per program
+    block_n: int
+    block_v: int  # one chunk, or the whole vocabulary below a chunk
+    num_chunks: int
+    chunk_tile: int
+
+
+def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter: bool = False) -> LaunchConfig:
+    tile = INTERPRETER_TILE if interpreter else TILE
+    num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
+    block_v = min(_next_power_of_2(vocab_size), CHUNK_SIZE)
+    rows = max(1, min(tile // block_v, _next_power_of_2(batch_size)))
+    if not interpreter:
+        rows = min(rows, MAX_ROWS)
+    block_n = max(1, min(_next_power_of_2(tree_size), tile // rows))
+    if interpreter:
+        block_n = min(block_n, INTERPRETER_MAX_BLOCK_N)
+    chunk_tile = max(1, min(_next_power_of_2(num_chunks), MAX_CHUNK_TILE // rows))
+    return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile)
+
+
+def scratch_rows(has_draft: bool, draft_sampling: str) -> int:
+    """Scratch rows per request: ``p``, and ``q`` when a rejection removes the drawn token from it."""
+    return 2 if has_draft and draft_sampling == "without_replacement" else 1
+
+
+def triton_workspace_specs(batch_size: int, vocab_size: int, rows: int = 2) -> dict[str, tuple[int, torch.dtype]]:
+    """The workspace of one launch, ``{name: (numel, dtype)}``, in the kernel's parameter order.
+
+    ``rows`` is :func:`scratch_rows` (2 covers every call). Every size is
+    non-decreasing in ``B`` and ``V``, so reserving for the largest call
+    covers the smaller ones. Nothing here is a counter: every call writes
+    what it reads.
+    """
+    num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
+    return {
+        "tree_verify.scratch": (batch_size * rows * vocab_size, torch.float32),
+        "tree_verify.chunk_total": (batch_size * num_chunks, torch.int64),
+        "tree_verify.chunk_pick": (batch_size * num_chunks, torch.int32),
+    }
+
+
+def _next_power_of_2(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def _cdiv(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)
+
+
+def _unit_last_stride(tensor):
+    if tensor is None or tensor.dim() == 0 or tensor.stride(-1) == 1:
+        return tensor
+    return tensor.contiguous()
+
+
+def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
+                       seed_tensor, seed, offset_tensor, offset):
+    from .._kernels.tree_verify import _tree_verify_kernel
+
+    batch_size, tree_size, vocab_size = target.shape
+    device = target.device
+    accepted_nodes = torch.empty((batch_size, tree_size), dtype=torch.int32, device=device)
+    output = torch.empty((batch_size, tree_size), dtype=torch.int32, device=device)
+    num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
+    if batch_size == 0:
+        return accepted_nodes, output, num_accepted
+    # The kernel takes row strides and assumes unit stride along the vocabulary.
+    target, draft, num_nodes, temperature, seed_tensor, offset_tensor = (
+        _unit_last_stride(tensor) for tensor in (target, draft, num_nodes, temperature, seed_tensor, offset_tensor)
+    )
+    config = launch_config(batch_size, tree_size, vocab_size, interpreter=device.type != "cuda")
+    rows = scratch_rows(draft is not None, draft_sampling)
+    # Triton launches on the current device: make it the tensors' device.
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, vocab_size, rows))
+        placeholder = target
+        _tree_verify_kernel[(_cdiv(batch_size, config.rows),)](
+            tree_token_ids, parents, target, placeholder if draft is None else draft,
+            placeholder if num_nodes is None else num_nodes, placeholder if temperature is None else temperature,
+            placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
+            placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
+            accepted_nodes, output, num_accepted,
+            *scratch.values(),
+            batch_size, tree_size, vocab_size, config.num_chunks,
+            tree_token_ids.stride(0), tree_token_ids.stride(1), parents.stride(0), parents.stride(1),
+            target.stride(0), target.stride(1),
+            0 if draft is None else draft.stride(0), 0 if draft is None else draft.stride(1),
+            accepted_nodes.stride(0), output.stride(0),
+            HAS_DRAFT=draft is not None, HAS_NUM_NODES=num_nodes is not None,
+            HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
+            REMOVE_DRAWN=rows == 2, SEED_PER_REQUEST=seed_tensor is not None,
+            OFFSET_FROM_TENSOR=offset_tensor is not None,
+            OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, SCRATCH_ROWS=rows,
+            ROWS=config.rows, BLOCK_N=config.block_n, BLOCK_V=config.block_v, CHUNK_TILE=config.chunk_tile,
+            num_warps=NUM_WARPS, enable_fp_fusion=False,
+            **({"maxnreg": MAX_REGISTERS} if device.type == "cuda" else {}),
+        )
+    return accepted_nodes, output, num_accepted
