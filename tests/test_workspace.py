@@ -77,3 +77,21 @@ def test_a_reservation_serves_a_captured_call(monkeypatch):
     actual = sk.chain_verify(ids, target, draft, seed=4, offset=1, backend=backend)
     assert _workspace._buffers == reserved  # nothing allocated
     assert all(torch.equal(e, a) for e, a in zip(expected, actual))
+
+
+def test_a_tree_reservation_serves_a_captured_tree_call(monkeypatch):
+    """``trees=True`` reserves tree_verify's scratch: a smaller tree call "under capture" allocates nothing."""
+    from conftest import backend_or_skip
+    from test_tree_verify import random_problem
+
+    backend = backend_or_skip("tree_verify", "triton")
+    sk.reserve_workspace("cpu", batch_size=4, max_draft_tokens=1, vocab_size=2100, trees=True)
+    generator = torch.Generator().manual_seed(2)
+    ids, parents, target, draft, num_nodes, _ = random_problem(generator, 3, 6, 1500, bushy=True)
+    expected = sk.tree_verify(ids, parents, target, draft, num_nodes=num_nodes, seed=4, backend="reference")
+    reserved = dict(_workspace._buffers)
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    monkeypatch.setattr(_workspace, "_stream_key", lambda device: 778)
+    actual = sk.tree_verify(ids, parents, target, draft, num_nodes=num_nodes, seed=4, backend=backend)
+    assert _workspace._buffers == reserved  # nothing allocated
+    assert all(torch.equal(e, a) for e, a in zip(expected, actual))

@@ -6,11 +6,12 @@ import torch
 
 from .. import _backend, _workspace
 from ..launchers import chain_verify as chain_verify_launchers
+from ..launchers import tree_verify as tree_verify_launchers
 
 
 def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vocab_size: int,
-                      logits: bool = False, stream=None, for_capture: bool = True) -> None:
-    """Reserve the scratch buffers of ``chain_verify`` for calls up to the given sizes.
+                      logits: bool = False, trees: bool = False, stream=None, for_capture: bool = True) -> None:
+    """Reserve the scratch buffers of ``chain_verify`` (and ``tree_verify``) for calls up to the given sizes.
 
     The fused kernels keep arrival counters and partial results in buffers
     that persist across calls, one set per device and stream. They are
@@ -26,6 +27,10 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
         The largest ``B``, ``K`` and ``V`` of the calls to come.
     logits : bool
         Whether the calls pass logits (they need more scratch).
+    trees : bool
+        Also reserve for ``tree_verify`` calls of up to ``batch_size``
+        requests over ``vocab_size`` tokens (any tree size): its scratch
+        rows are ``2 * B * V`` float32.
     stream : torch.cuda.Stream, optional
         The stream the calls will run on (default: the current stream).
     for_capture : bool
@@ -54,4 +59,6 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
     if _backend.available("chain_verify", "cuda", device):
         specs.update(chain_verify_launchers.cuda_workspace_specs(
             batch_size, rows_per_request, vocab_size, logits, device))
+    if trees and _backend.available("tree_verify", "triton", device):
+        specs.update(tree_verify_launchers.triton_workspace_specs(batch_size, vocab_size))
     _workspace.reserve(device, specs, stream=stream, for_capture=for_capture)
