@@ -1,11 +1,12 @@
 """Benchmark of ``sk.tree_verify``: reference, Triton, CUDA (the backends that exist).
 
-Sweep (GPU): B in {1, 8, 64, 256}, tree size N in {16, 64}, V in {32000, 128256},
+Sweep (GPU): B in {1, 8, 64}, tree size N in {8, 32, 64, 256}, V in {32000, 128256},
 float32 probabilities and bfloat16 logits; ``--quick``: N = 32, V = 32000.
 On a CPU: V = 32000, small batches, reference only.
 
-Inputs: a breadth-first tree, 4 children at the root, 2 at depths 1 and 2,
-chains below (``harness.branching_tree``), the same for every request. Each
+Inputs: EAGLE-like breadth-first trees (``harness.eagle_tree``: top-k 4-8
+near the root, depth 4-6; N = 8 is two children a level), the same for
+every request. Each
 node's children are drawn from the draft row of that node without
 replacement (Gumbel top-k); target logits ``3 * N(0, 1)``, draft logits =
 target + ``0.5 * N(0, 1)``; ``draft_sampling="without_replacement"``.
@@ -54,9 +55,9 @@ def configs(settings: harness.Settings) -> list[dict]:
         sizes = itertools.product((1, 4), (16,), (32000,)) if settings.quick else \
             itertools.product((1, 4, 16), (8, 16), (32000,))
     elif settings.quick:
-        sizes = itertools.product((1, 8, 64, 256), (32,), (32000,))
+        sizes = itertools.product((1, 8, 64), (32,), (32000,))
     else:
-        sizes = itertools.product((1, 8, 64, 256), (16, 64), (32000, 128256))
+        sizes = itertools.product((1, 8, 64), (8, 32, 64, 256), (32000, 128256))
     return [dict(B=b, N=n, V=v, inputs=inputs) for (b, n, v), inputs in itertools.product(sizes, INPUTS)]
 
 
@@ -69,7 +70,7 @@ class Case:
         self.batch, self.nodes, self.vocab = config["B"], config["N"], config["V"]
         self.logits = config["inputs"].startswith("logits")
         self.device = settings.device
-        self.parent_list = harness.branching_tree(self.nodes)
+        self.parent_list = harness.eagle_tree(self.nodes)
         self.children = harness.children_lists(self.parent_list)
 
     def make_inputs(self, index: int) -> dict:

@@ -374,6 +374,17 @@ def branching_tree(num_nodes: int, widths=(4, 2, 2, 1)) -> list[int]:
     return parents
 
 
+# Widths per depth giving EAGLE-like trees (top-k 4-8 near the root, depth
+# 4-6) at the benchmarked sizes; N = 8 is two children a level, depth 4.
+EAGLE_WIDTHS = {8: (2, 1), 32: (4, 2, 1), 64: (8, 2, 1), 256: (8, 4, 2, 1)}
+
+
+def eagle_tree(num_nodes: int) -> list[int]:
+    """:func:`branching_tree` with the EAGLE-like widths of ``num_nodes`` (the default widths otherwise)."""
+    widths = EAGLE_WIDTHS.get(num_nodes)
+    return branching_tree(num_nodes) if widths is None else branching_tree(num_nodes, widths)
+
+
 def children_lists(parents: list[int]) -> list[list[int]]:
     children = [[] for _ in parents]
     for node, parent in enumerate(parents):
