@@ -24,7 +24,10 @@
 #include <optional>
 #include <tuple>
 
+#include "specdec/build_tree.cuh"
 #include "specdec/chain_verify.cuh"
+#include "specdec/compact_kv.cuh"
+#include "specdec/index.cuh"
 #include "specdec/rng.cuh"
 
 namespace specdec {
@@ -50,6 +53,36 @@ void check_dtype(const at::Tensor& tensor, const char* op, const char* name, at:
 void check_device(const at::Tensor& tensor, const char* op, const char* name, c10::Device expected) {
   TORCH_CHECK_VALUE(tensor.device() == expected, "specdec_C::", op, ": `", name, "` must be on ", expected,
                     " (the device of `positions`), got ", tensor.device());
+}
+
+// Under dynamic shapes (torch.compile tracing with symbolic sizes) a Meta
+// implementation knows only dtypes and ranks; sizes are checked by the real
+// kernels.
+bool symbolic(const at::Tensor& tensor) { return tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
+
+bool symbolic(const std::optional<at::Tensor>& tensor) { return tensor.has_value() && symbolic(*tensor); }
+
+// Counts, lengths, parents, block tables and paths: int32 or int64 each
+// (include/specdec/index.cuh reads either).
+// `shape` names the expected dims, e.g. "[B, N]"; sizes are checked by the op.
+void check_index_tensor(const at::Tensor& tensor, const char* op, const char* name, int64_t dim, const char* shape) {
+  TORCH_CHECK_TYPE(tensor.scalar_type() == at::kInt || tensor.scalar_type() == at::kLong, "specdec_C::", op, ": `",
+                   name, "` must be Int or Long, got ", tensor.scalar_type());
+  TORCH_CHECK_VALUE(tensor.dim() == dim, "specdec_C::", op, ": `", name, "` must have shape ", shape, ", got ",
+                    tensor.sizes());
+}
+
+void check_same_device(const at::Tensor& tensor, const char* op, const char* name, const at::Tensor& first,
+                       const char* first_name) {
+  TORCH_CHECK_VALUE(tensor.device() == first.device(), "specdec_C::", op, ": `", name, "` must be on ",
+                    first.device(), " (the device of `", first_name, "`), got ", tensor.device());
+}
+
+IndexTensor index_tensor(const at::Tensor& tensor) {
+  IndexTensor index;
+  index.data = tensor.data_ptr();
+  index.wide = tensor.scalar_type() == at::kLong;
+  return index;
 }
 
 // ---------------------------------------------------------------------------
@@ -337,18 +370,9 @@ void chain_verify_meta(const at::Tensor& draft_token_ids, const at::Tensor& targ
                        int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
                        const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
                        const at::Tensor& num_accepted, int64_t num_splits) {
-  // Under dynamic shapes (torch.compile tracing with symbolic sizes) only
-  // dtypes and ranks are known; sizes are checked by the real kernels.
-  const auto symbolic = [](const at::Tensor& tensor) {
-    return tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
-  };
-  const auto symbolic_optional = [&](const std::optional<at::Tensor>& tensor) {
-    return tensor.has_value() && symbolic(*tensor);
-  };
-  if (symbolic(draft_token_ids) || symbolic(target) || symbolic_optional(draft) ||
-      symbolic_optional(num_draft_tokens) || symbolic_optional(temperature) || symbolic_optional(seed) ||
-      symbolic_optional(offset) || symbolic(workspace) || symbolic(arrivals) || symbolic(output_token_ids) ||
-      symbolic(num_accepted)) {
+  if (symbolic(draft_token_ids) || symbolic(target) || symbolic(draft) || symbolic(num_draft_tokens) ||
+      symbolic(temperature) || symbolic(seed) || symbolic(offset) || symbolic(workspace) || symbolic(arrivals) ||
+      symbolic(output_token_ids) || symbolic(num_accepted)) {
     TORCH_CHECK_TYPE(is_probability_dtype(target.scalar_type()),
                      "specdec_C::chain_verify: `target` must be Float, BFloat16 or Half, got ", target.scalar_type());
     TORCH_CHECK_VALUE(target.dim() == 3 && draft_token_ids.dim() == 2 && output_token_ids.dim() == 2,
@@ -390,6 +414,181 @@ void chain_verify_cuda(const at::Tensor& draft_token_ids, const at::Tensor& targ
   check_launch(launch_chain_verify(inputs.args, current_cuda_stream(target.device())), "chain_verify");
 }
 
+// ---------------------------------------------------------------------------
+// build_tree: ancestor masks, depths and positions (csrc/build_tree.cu); the
+// outputs are allocated here.
+
+using BuildTreeOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+void check_build_tree_args(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes,
+                           const std::optional<at::Tensor>& prefix_lens) {
+  constexpr const char* op = "build_tree";
+  check_index_tensor(parents, op, "parents", 2, "[B, N]");
+  const bool sized = !symbolic(parents) && !symbolic(num_nodes) && !symbolic(prefix_lens);
+  const auto check_vector = [&](const std::optional<at::Tensor>& tensor, const char* name) {
+    if (!tensor.has_value()) return;
+    check_index_tensor(*tensor, op, name, 1, "[B]");
+    TORCH_CHECK_VALUE(!sized || tensor->size(0) == parents.size(0), "specdec_C::build_tree: `", name,
+                      "` must have shape [B] = [", parents.size(0), "], got ", tensor->sizes());
+    check_same_device(*tensor, op, name, parents, "parents");
+  };
+  check_vector(num_nodes, "num_nodes");
+  check_vector(prefix_lens, "prefix_lens");
+}
+
+BuildTreeOutputs allocate_build_tree(const at::Tensor& parents) {
+  const c10::SymInt batch_size = parents.sym_size(0);
+  const c10::SymInt max_nodes = parents.sym_size(1);
+  const c10::SymInt num_words = (max_nodes + (kMaskWordBits - 1)) / kMaskWordBits;
+  const auto options = parents.options();
+  return {at::empty_symint({batch_size, max_nodes, num_words}, options.dtype(at::kInt)),
+          at::empty_symint({batch_size, max_nodes}, options.dtype(at::kInt)),
+          at::empty_symint({batch_size, max_nodes}, options.dtype(at::kLong))};
+}
+
+BuildTreeArgs build_tree_args(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes,
+                              const std::optional<at::Tensor>& prefix_lens, const BuildTreeOutputs& outputs) {
+  BuildTreeArgs args;
+  args.parents = index_tensor(parents);
+  args.parents_stride_b = parents.stride(0);
+  args.parents_stride_n = parents.stride(1);
+  if (num_nodes.has_value()) {
+    args.num_nodes = index_tensor(*num_nodes);
+    args.num_nodes_stride = num_nodes->stride(0);
+  }
+  if (prefix_lens.has_value()) {
+    args.prefix_lens = index_tensor(*prefix_lens);
+    args.prefix_lens_stride = prefix_lens->stride(0);
+  }
+  args.mask = std::get<0>(outputs).data_ptr<int32_t>();
+  args.depth = std::get<1>(outputs).data_ptr<int32_t>();
+  args.positions = std::get<2>(outputs).data_ptr<int64_t>();
+  args.batch_size = parents.size(0);
+  args.max_nodes = parents.size(1);
+  args.num_words = std::get<0>(outputs).size(2);
+  return args;
+}
+
+BuildTreeOutputs build_tree_meta(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes,
+                                 const std::optional<at::Tensor>& prefix_lens) {
+  check_build_tree_args(parents, num_nodes, prefix_lens);
+  return allocate_build_tree(parents);
+}
+
+BuildTreeOutputs build_tree_cpu(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes,
+                                const std::optional<at::Tensor>& prefix_lens) {
+  check_build_tree_args(parents, num_nodes, prefix_lens);
+  BuildTreeOutputs outputs = allocate_build_tree(parents);
+  build_tree_host(build_tree_args(parents, num_nodes, prefix_lens, outputs));
+  return outputs;
+}
+
+BuildTreeOutputs build_tree_cuda(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes,
+                                 const std::optional<at::Tensor>& prefix_lens) {
+  check_build_tree_args(parents, num_nodes, prefix_lens);
+  const c10::DeviceGuard device_guard(parents.device());
+  BuildTreeOutputs outputs = allocate_build_tree(parents);
+  check_launch(launch_build_tree(build_tree_args(parents, num_nodes, prefix_lens, outputs),
+                                 current_cuda_stream(parents.device())),
+               "build_tree");
+  return outputs;
+}
+
+// ---------------------------------------------------------------------------
+// compact_kv: the accepted path's K/V moved in place (csrc/compact_kv.cu).
+
+void check_compact_kv_args(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                           const at::Tensor& prefix_lens, const at::Tensor& accepted_nodes) {
+  constexpr const char* op = "compact_kv";
+  const int64_t element_bytes = k_cache.element_size();
+  TORCH_CHECK_TYPE(element_bytes == 1 || element_bytes == 2 || element_bytes == 4 || element_bytes == 8 ||
+                       element_bytes == 16,
+                   "specdec_C::compact_kv: `k_cache` must have elements of 1, 2, 4, 8 or 16 bytes (moves copy "
+                   "bits), got ",
+                   k_cache.scalar_type());
+  TORCH_CHECK_VALUE(k_cache.dim() == 4, "specdec_C::compact_kv: `k_cache` must have shape "
+                                        "[num_blocks, block_size, Hkv, D], got ",
+                    k_cache.sizes());
+  TORCH_CHECK_TYPE(v_cache.scalar_type() == k_cache.scalar_type(), "specdec_C::compact_kv: `v_cache` must be ",
+                   k_cache.scalar_type(), " (the dtype of `k_cache`), got ", v_cache.scalar_type());
+  check_same_device(v_cache, op, "v_cache", k_cache, "k_cache");
+  check_index_tensor(block_tables, op, "block_tables", 2, "[B, max_blocks]");
+  check_same_device(block_tables, op, "block_tables", k_cache, "k_cache");
+  check_index_tensor(prefix_lens, op, "prefix_lens", 1, "[B]");
+  check_same_device(prefix_lens, op, "prefix_lens", k_cache, "k_cache");
+  check_index_tensor(accepted_nodes, op, "accepted_nodes", 2, "[B, N]");
+  check_same_device(accepted_nodes, op, "accepted_nodes", k_cache, "k_cache");
+  if (symbolic(k_cache) || symbolic(v_cache) || symbolic(block_tables) || symbolic(prefix_lens) ||
+      symbolic(accepted_nodes)) {
+    return;
+  }
+  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), "specdec_C::compact_kv: `v_cache` must have shape ",
+                    k_cache.sizes(), " (the shape of `k_cache`), got ", v_cache.sizes());
+  const int64_t batch_size = accepted_nodes.size(0);
+  TORCH_CHECK_VALUE(accepted_nodes.size(1) <= kCompactMaxPath, "specdec_C::compact_kv: `accepted_nodes` must have "
+                    "at most ", kCompactMaxPath, " columns (a block holds one unit of every move between its "
+                    "loads and its stores), got ", accepted_nodes.sizes());
+  TORCH_CHECK_VALUE(block_tables.size(0) == batch_size, "specdec_C::compact_kv: `block_tables` must have shape "
+                    "[B, max_blocks] with B = ", batch_size, " (the rows of `accepted_nodes`), got ",
+                    block_tables.sizes());
+  TORCH_CHECK_VALUE(prefix_lens.size(0) == batch_size, "specdec_C::compact_kv: `prefix_lens` must have shape [B] = [",
+                    batch_size, "], got ", prefix_lens.sizes());
+}
+
+CompactKvCache compact_kv_cache(const at::Tensor& cache) {
+  CompactKvCache view;
+  view.data = cache.data_ptr();
+  view.stride_block = cache.stride(0);
+  view.stride_slot = cache.stride(1);
+  view.stride_head = cache.stride(2);
+  view.stride_unit = cache.stride(3);
+  return view;
+}
+
+CompactKvArgs compact_kv_args(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                              const at::Tensor& prefix_lens, const at::Tensor& accepted_nodes) {
+  CompactKvArgs args;
+  args.k_cache = compact_kv_cache(k_cache);
+  args.v_cache = compact_kv_cache(v_cache);
+  args.unit_bytes = k_cache.element_size();
+  args.num_blocks = k_cache.size(0);
+  args.block_size = k_cache.size(1);
+  args.num_heads = k_cache.size(2);
+  args.units_per_head = k_cache.size(3);
+  args.block_tables = index_tensor(block_tables);
+  args.tables_stride_b = block_tables.stride(0);
+  args.tables_stride_m = block_tables.stride(1);
+  args.max_blocks = block_tables.size(1);
+  args.prefix_lens = index_tensor(prefix_lens);
+  args.prefix_stride = prefix_lens.stride(0);
+  args.accepted_nodes = index_tensor(accepted_nodes);
+  args.accepted_stride_b = accepted_nodes.stride(0);
+  args.accepted_stride_n = accepted_nodes.stride(1);
+  args.path_width = accepted_nodes.size(1);
+  args.batch_size = accepted_nodes.size(0);
+  return args;
+}
+
+void compact_kv_meta(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                     const at::Tensor& prefix_lens, const at::Tensor& accepted_nodes) {
+  check_compact_kv_args(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes);
+}
+
+void compact_kv_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                    const at::Tensor& prefix_lens, const at::Tensor& accepted_nodes) {
+  check_compact_kv_args(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes);
+  compact_kv_host(compact_kv_args(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes));
+}
+
+void compact_kv_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                     const at::Tensor& prefix_lens, const at::Tensor& accepted_nodes) {
+  check_compact_kv_args(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes);
+  const c10::DeviceGuard device_guard(k_cache.device());
+  check_launch(launch_compact_kv(compact_kv_args(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes),
+                                 current_cuda_stream(k_cache.device())),
+               "compact_kv");
+}
+
 }  // namespace
 }  // namespace specdec
 
@@ -420,21 +619,38 @@ TORCH_LIBRARY(specdec_C, m) {
       "Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, int offset_value, "
       "Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, Tensor(d!) num_accepted, "
       "int num_splits=0) -> ()");
+  // Tree metadata (include/specdec/build_tree.cuh): parents [B, N],
+  // num_nodes and prefix_lens [B] or None, each int32 or int64. Returns mask
+  // int32 [B, N, ceil(N/32)], depth int32 [B, N], positions int64 [B, N].
+  m.def("build_tree(Tensor parents, Tensor? num_nodes, Tensor? prefix_lens) -> (Tensor mask, Tensor depth, "
+        "Tensor positions)");
+  // The accepted path's K/V moved in place (include/specdec/compact_kv.cuh):
+  // caches [num_blocks, block_size, Hkv, D] of one dtype (any strides; bits
+  // are copied), block_tables [B, max_blocks], prefix_lens [B],
+  // accepted_nodes [B, N] with N <= 1024, each int32 or int64.
+  m.def("compact_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor block_tables, Tensor prefix_lens, "
+        "Tensor accepted_nodes) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, CPU, m) {
   m.impl("rng_fill", &specdec::rng_fill_cpu);
   m.impl("chain_verify", &specdec::chain_verify_cpu);
+  m.impl("build_tree", &specdec::build_tree_cpu);
+  m.impl("compact_kv", &specdec::compact_kv_cpu);
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, CUDA, m) {
   m.impl("rng_fill", &specdec::rng_fill_cuda);
   m.impl("chain_verify", &specdec::chain_verify_cuda);
+  m.impl("build_tree", &specdec::build_tree_cuda);
+  m.impl("compact_kv", &specdec::compact_kv_cuda);
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, Meta, m) {
   m.impl("rng_fill", &specdec::rng_fill_meta);
   m.impl("chain_verify", &specdec::chain_verify_meta);
+  m.impl("build_tree", &specdec::build_tree_meta);
+  m.impl("compact_kv", &specdec::compact_kv_meta);
 }
 
 // `import specdec_kernels._C` loads this library, which runs the

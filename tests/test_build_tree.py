@@ -162,17 +162,18 @@ def check_against_reference(parents, num_nodes, prefix_lens, device):
     return got
 
 
-@pytest.mark.parametrize("tree_size", [1, 31, 32, 33, 64, 1024])
-def test_triton_equals_reference_on_garbage(tree_size, device):
-    # B = 5 (prime); parents are any int32 (mostly in range, some negative,
-    # some >= i, some far out); counts outside [1, N] on purpose.
+def garbage_case(tree_size, chain_share):
+    """``(parents, num_nodes, prefix_lens)`` of 5 requests (prime) with malformed trees.
+
+    Parents are any int32 (mostly in range, some negative, some >= i, some
+    far out), a ``chain_share`` of them the previous node (deep chains); a
+    self-parent and a cycle; counts outside [1, N] on purpose.
+    tests/test_build_tree_cuda.py runs it too.
+    """
     generator = torch.Generator().manual_seed(tree_size)
     batch_size = 5
     nodes = torch.arange(tree_size)
     parents = (torch.rand(batch_size, tree_size, generator=generator) * nodes).to(torch.int32)
-    # Deep chains where the interpreter can afford them (a walk is a loop
-    # step per ancestor); uniform parents at N = 1024 give depth ~ ln N.
-    chain_share = 0.5 if tree_size <= 64 else 0.0
     parents = torch.where(torch.rand(batch_size, tree_size, generator=generator) < chain_share,
                           (nodes - 1).clamp(min=0).to(torch.int32), parents)
     noise = torch.randint(-2**31, 2**31 - 1, (batch_size, tree_size), generator=generator, dtype=torch.int64)
@@ -180,8 +181,18 @@ def test_triton_equals_reference_on_garbage(tree_size, device):
     parents = torch.where(bad, noise.to(torch.int32), parents)
     parents[:, 0] = torch.tensor([-1, 0, 7, -1, 2**31 - 1], dtype=torch.int32)
     parents[1, -1] = tree_size - 1  # its own parent
+    if tree_size >= 4:
+        parents[2, 2], parents[2, 3] = 3, 2  # a cycle: 2 -> 3 -> 2
     num_nodes = torch.tensor([tree_size, 0, -3, tree_size + 5, max(1, tree_size // 2)], dtype=torch.int32)
     prefix_lens = torch.tensor([0, 17, 2**40, -5, 3], dtype=torch.int64)
+    return parents, num_nodes, prefix_lens
+
+
+@pytest.mark.parametrize("tree_size", [1, 31, 32, 33, 64, 1024])
+def test_triton_equals_reference_on_garbage(tree_size, device):
+    # Deep chains where the interpreter can afford them (a walk is a loop
+    # step per ancestor); uniform parents at N = 1024 give depth ~ ln N.
+    parents, num_nodes, prefix_lens = garbage_case(tree_size, chain_share=0.5 if tree_size <= 64 else 0.0)
     check_against_reference(parents, num_nodes, prefix_lens, device)
     if tree_size <= 64:
         check_against_reference(parents, None, None, device)
@@ -228,23 +239,28 @@ def test_validate_names_argument_request_and_node(backend, device):
                   num_nodes=torch.tensor([2], dtype=torch.int32, device=device), backend=backend, validate=True)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
-def test_triton_build_tree_in_a_cuda_graph(device):
-    backend_or_skip("build_tree", "triton")
+def check_in_a_cuda_graph(backend, device):
+    """Captures one ``backend`` call and replays it on new trees and prefixes: the reference's outputs every time."""
+    backend_or_skip("build_tree", backend)
     generator = torch.Generator().manual_seed(4)
     num_nodes = torch.tensor([64, 20, 7], dtype=torch.int32)
     parents = random_parents(generator, 3, 64, num_nodes).to(device)
     counts, prefix = num_nodes.to(device), torch.tensor([3, 4, 5], device=device)
-    sk.build_tree(parents, num_nodes=counts, prefix_lens=prefix, backend="triton")  # compile outside capture
+    sk.build_tree(parents, num_nodes=counts, prefix_lens=prefix, backend=backend)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        info = sk.build_tree(parents, num_nodes=counts, prefix_lens=prefix, backend="triton")
+        info = sk.build_tree(parents, num_nodes=counts, prefix_lens=prefix, backend=backend)
     for step in range(3):
         prefix.add_(10)
         parents[1:, 5] = step  # new trees in place
         graph.replay()
         want = reference_tree(parents, counts, prefix)
         assert all(torch.equal(a, b) for a, b in zip(info, want))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_triton_build_tree_in_a_cuda_graph(device):
+    check_in_a_cuda_graph("triton", device)
 
 
 def test_triton_gpu_launch_config_under_the_interpreter(device, monkeypatch):

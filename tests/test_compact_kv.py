@@ -66,9 +66,11 @@ def check(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, backend, 
     assert torch.equal(v_on_device.cpu(), want_v)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_overlapping_moves(dtype, backend, device):
+# Case builders return (k_cache, v_cache, block_tables, prefix_lens,
+# accepted_nodes) on the CPU; tests/test_compact_kv_cuda.py runs them too.
+
+
+def overlapping_moves_case(dtype):
     generator = torch.Generator().manual_seed(0)
     k_cache, v_cache, block_tables = make_cache(generator, 6, 8, dtype)
     prefix_lens = torch.tensor([5, 3, 6, 2, 0, 11], dtype=torch.int32)
@@ -83,12 +85,16 @@ def test_overlapping_moves(dtype, backend, device):
         ],
         dtype=torch.int32,
     )
-    check(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, backend, device)
+    return k_cache, v_cache, block_tables, prefix_lens, accepted_nodes
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_random_paths(index_dtype, backend, device):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_overlapping_moves(dtype, backend, device):
+    check(*overlapping_moves_case(dtype), backend, device)
+
+
+def random_paths_case(index_dtype):
     generator = torch.Generator().manual_seed(1)
     batch_size, tree_size = 7, 20
     prefix_lens = torch.randint(0, 30, (batch_size,), generator=generator, dtype=torch.int32)
@@ -100,11 +106,16 @@ def test_random_paths(index_dtype, backend, device):
         length = int(torch.randint(1, tree_size + 1, (), generator=generator))
         nodes = torch.randperm(tree_size - 1, generator=generator)[: length - 1] + 1
         accepted_nodes[b, :length] = torch.cat([torch.zeros(1, dtype=torch.int64), nodes.sort().values])
-    check(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, backend, device)
+    return k_cache, v_cache, block_tables, prefix_lens, accepted_nodes
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_bad_entries_are_skipped(backend, device):
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_random_paths(index_dtype, backend, device):
+    check(*random_paths_case(index_dtype), backend, device)
+
+
+def bad_entries_case():
     generator = torch.Generator().manual_seed(2)
     k_cache, v_cache, block_tables = make_cache(generator, 6, 5, torch.bfloat16)
     num_blocks = k_cache.shape[0]
@@ -123,7 +134,12 @@ def test_bad_entries_are_skipped(backend, device):
         ],
         dtype=torch.int32,
     )
-    check(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, backend, device)
+    return k_cache, v_cache, block_tables, prefix_lens, accepted_nodes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_entries_are_skipped(backend, device):
+    check(*bad_entries_case(), backend, device)
 
 
 def check_against_reference(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, device):
@@ -144,8 +160,7 @@ def random_cache(generator, shape, dtype):
     return torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype)
 
 
-@pytest.mark.parametrize("block_size", [8, 16, 256])
-def test_triton_block_sizes_and_malformed_paths(block_size, device):
+def malformed_paths_case(block_size, index_dtype):
     # B = 5 (prime), shuffled disjoint block tables; paths that climb, swap,
     # repeat, go backwards or out of the table.
     generator = torch.Generator().manual_seed(block_size)
@@ -165,11 +180,16 @@ def test_triton_block_sizes_and_malformed_paths(block_size, device):
         ],
         dtype=torch.int32,
     )
-    check_against_reference(k_cache, v_cache, tables.to(torch.int32), prefix_lens, accepted, device)
-    check_against_reference(k_cache, v_cache, tables.to(torch.int64), prefix_lens.to(torch.int64), accepted, device)
+    return k_cache, v_cache, tables.to(index_dtype), prefix_lens.to(index_dtype), accepted
 
 
-def test_triton_repeated_block_in_one_table_last_move_wins(device):
+@pytest.mark.parametrize("block_size", [8, 16, 256])
+def test_triton_block_sizes_and_malformed_paths(block_size, device):
+    check_against_reference(*malformed_paths_case(block_size, torch.int32), device)
+    check_against_reference(*malformed_paths_case(block_size, torch.int64), device)
+
+
+def repeated_block_cases():
     # Request 0's table holds block 1 twice (columns 0 and 2): destinations
     # d and d + 8 land in one slot, and the later move must win; a source is
     # also another move's destination through the alias.
@@ -180,15 +200,20 @@ def test_triton_repeated_block_in_one_table_last_move_wins(device):
     prefix_lens = torch.tensor([1, 0], dtype=torch.int32)
     accepted = torch.tensor([[0, 3, 4, 5, 6, 7, 8, 12, 9, 10, 11, 13], [0, 2, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0]],
                             dtype=torch.int32)
-    check_against_reference(k_cache, v_cache, tables, prefix_lens, accepted, device)
+    first = (k_cache, v_cache, tables, prefix_lens, accepted)
     # Move 1 writes slot 1 of block 1 (from position 6), then move 5 copies
     # that slot onto itself: the last move wins, so the slot keeps its value.
     tables = torch.tensor([[1, 1, 3, 0]], dtype=torch.int32)
     accepted = torch.tensor([[0, 6, 2, 9, 4, 5]], dtype=torch.int32)
-    check_against_reference(k_cache, v_cache, tables, torch.tensor([0], dtype=torch.int32), accepted, device)
+    return [first, (k_cache, v_cache, tables, torch.tensor([0], dtype=torch.int32), accepted)]
 
 
-def test_triton_strided_inputs_and_a_wide_path(device):
+def test_triton_repeated_block_in_one_table_last_move_wins(device):
+    for case in repeated_block_cases():
+        check_against_reference(*case, device)
+
+
+def strided_wide_path_case():
     # Caches that are views (every other head of a wider cache, K and V with
     # different strides), strided tables, prefixes and paths; N = 1024.
     generator = torch.Generator().manual_seed(6)
@@ -207,32 +232,40 @@ def test_triton_strided_inputs_and_a_wide_path(device):
     for b, length in enumerate((6, 1024, 300)):
         nodes = torch.randperm(width - 1, generator=generator)[: length - 1] + 1
         accepted[b, : length] = torch.cat([torch.zeros(1, dtype=torch.int64), nodes.sort().values]).to(torch.int32)
-    check_against_reference(k_cache, v_cache, wide_tables[:, ::2], prefix_store[:, 0], accepted[:, ::2], device)
+    return k_cache, v_cache, wide_tables[:, ::2], prefix_store[:, 0], accepted[:, ::2]
 
 
-def test_triton_moves_bits(device):
+def test_triton_strided_inputs_and_a_wide_path(device):
+    check_against_reference(*strided_wide_path_case(), device)
+
+
+def moved_bits_case():
     # NaN payloads and negative zero survive a move unchanged.
     k_cache = torch.tensor([0x7E01, 0x7C01, -0x8000, 0x3C00, 0x7D55, 0x1234, 0x0001, 0xFFFF - 0x10000],
                            dtype=torch.int16).view(torch.float16).view(1, 8, 1, 1)
     v_cache = k_cache.flip(1).contiguous()
     tables = torch.tensor([[0]], dtype=torch.int32)
-    check_against_reference(k_cache, v_cache, tables, torch.tensor([1], dtype=torch.int32),
-                            torch.tensor([[0, 2, 4, 6]], dtype=torch.int32), device)
+    return k_cache, v_cache, tables, torch.tensor([1], dtype=torch.int32), torch.tensor([[0, 2, 4, 6]],
+                                                                                        dtype=torch.int32)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
-def test_triton_compact_kv_in_a_cuda_graph(device):
-    backend_or_skip("compact_kv", "triton")
+def test_triton_moves_bits(device):
+    check_against_reference(*moved_bits_case(), device)
+
+
+def check_in_a_cuda_graph(backend, device):
+    """Captures one ``backend`` call and replays it with new paths: the reference's caches every time."""
+    backend_or_skip("compact_kv", backend)
     generator = torch.Generator().manual_seed(7)
     k_cache, v_cache, tables = make_cache(generator, 3, 6, torch.float16)
     k_cache, v_cache, tables = k_cache.to(device), v_cache.to(device), tables.to(device)
     prefix = torch.tensor([2, 5, 0], dtype=torch.int32, device=device)
     accepted = torch.tensor([[0, 2, 3, -1], [0, 1, 3, 7], [0, 4, -1, -1]], dtype=torch.int32, device=device)
-    sk.compact_kv(k_cache.clone(), v_cache.clone(), tables, prefix, accepted, backend="triton")  # compile first
+    sk.compact_kv(k_cache.clone(), v_cache.clone(), tables, prefix, accepted, backend=backend)  # compile first
     graph = torch.cuda.CUDAGraph()
     captured_k, captured_v = k_cache.clone(), v_cache.clone()
     with torch.cuda.graph(graph):
-        sk.compact_kv(captured_k, captured_v, tables, prefix, accepted, backend="triton")
+        sk.compact_kv(captured_k, captured_v, tables, prefix, accepted, backend=backend)
     for step in range(3):
         accepted[:, 1] = step + 1
         captured_k.copy_(k_cache)
@@ -241,6 +274,11 @@ def test_triton_compact_kv_in_a_cuda_graph(device):
         want_k, want_v = k_cache.clone(), v_cache.clone()
         sk.compact_kv(want_k, want_v, tables, prefix, accepted, backend="reference")
         assert torch.equal(captured_k, want_k) and torch.equal(captured_v, want_v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_triton_compact_kv_in_a_cuda_graph(device):
+    check_in_a_cuda_graph("triton", device)
 
 
 def test_triton_gpu_launch_config_under_the_interpreter(device, monkeypatch):

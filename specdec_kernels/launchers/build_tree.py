@@ -1,4 +1,4 @@
-"""Launcher for build_tree's Triton kernel: configuration, outputs, one launch."""
+"""Launchers for build_tree: the Triton kernel (configuration, outputs, one launch) and the CUDA extension."""
 
 from __future__ import annotations
 
@@ -71,3 +71,8 @@ def triton_build_tree(parents, num_nodes, prefix_lens):
             num_warps=NUM_WARPS,
         )
     return mask, depth, positions
+
+
+def cuda_build_tree(parents, num_nodes, prefix_lens):
+    """The extension's kernel (csrc/include/specdec/build_tree.cuh): one launch, outputs allocated by the op."""
+    return torch.ops.specdec_C.build_tree(parents, num_nodes, prefix_lens)

@@ -1,4 +1,4 @@
-"""Launcher for compact_kv's Triton kernel: configuration and one launch, in place."""
+"""Launchers for compact_kv: the Triton kernel (configuration and one launch, in place) and the CUDA extension."""
 
 from __future__ import annotations
 
@@ -69,3 +69,12 @@ def triton_compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_node
             BLOCK_N=config.block_n, BLOCK_F=config.block_f,
             num_warps=NUM_WARPS,
         )
+
+
+def cuda_compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes):
+    """The extension's kernel (csrc/include/specdec/compact_kv.cuh): one launch, in place.
+
+    It moves the caches' bits in units of up to 16 bytes itself, so the caches
+    are passed as they are; paths are at most 1024 entries wide.
+    """
+    torch.ops.specdec_C.compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes)

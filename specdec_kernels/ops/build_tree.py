@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _backend, _library, _validation
-from ..launchers.build_tree import triton_build_tree
+from ..launchers.build_tree import cuda_build_tree, triton_build_tree
 from ..reference import build_tree as reference
 
 OP_NAME = "build_tree"
@@ -89,4 +89,5 @@ def _fake(parents, *args):
     )
 
 
-_library.register(OP_NAME, {"reference": reference.build_tree, "triton": triton_build_tree}, _fake)
+_library.register(OP_NAME, {"reference": reference.build_tree, "triton": triton_build_tree, "cuda": cuda_build_tree},
+                  _fake)

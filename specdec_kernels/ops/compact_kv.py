@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
-from ..launchers.compact_kv import triton_compact_kv
+from ..launchers.compact_kv import cuda_compact_kv, triton_compact_kv
 from ..reference import compact_kv as reference
 
 OP_NAME = "compact_kv"
@@ -19,9 +19,10 @@ def compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, *, b
     ``prefix_lens[b] + d`` for every ``d`` before the first ``-1``. All
     sources are read before any destination is written, so overlapping moves
     are safe. Moves that fall outside the block table or the cache are skipped.
-    The Triton backend equals the reference except where two requests'
-    block tables share a block that one of them writes (see
+    The Triton and CUDA backends equal the reference except where two
+    requests' block tables share a block that one of them writes (see
     kernels/compact_kv.py): engines never share the blocks a tree step writes.
+    The CUDA backend takes paths of at most 1024 entries (``N <= 1024``).
 
     Parameters
     ----------
@@ -60,4 +61,5 @@ def _fake(*args):
     return None
 
 
-_library.register(OP_NAME, {"reference": reference.compact_kv, "triton": triton_compact_kv}, _fake)
+_library.register(OP_NAME, {"reference": reference.compact_kv, "triton": triton_compact_kv, "cuda": cuda_compact_kv},
+                  _fake)

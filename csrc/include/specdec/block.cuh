@@ -40,6 +40,11 @@
 
 namespace specdec {
 
+// The smaller of two int64 (a block_all_reduce combine: a first position).
+struct MinInt64 {
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
+};
+
 #if defined(__CUDACC__)
 struct DeviceBlock {
   static constexpr int kThreads = 256;

@@ -80,10 +80,6 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t float_as_word(float value) {
   return static_cast<int32_t>(float_as_bits(value));
 }
 
-struct MinInt64 {
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
-};
-
 // Argmax of values[lo, hi), block-reduced (every thread gets it). Threads
 // read kElementsPerStep elements a step, coalesced.
 template <class Block, class Prob>
