@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from .chain_verify_finish import greedy_decisions, sampled_tokens, wait_for, write_outputs
-from .chain_verify_rows import inverse_norm, row_pointers, row_statistics, sample_slice
+from .chain_verify_rows import inverse_norm, request_temperatures, row_pointers, row_statistics, sample_slice
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import softmax_weight
 
@@ -227,14 +227,8 @@ def _chain_verify_kernel(
 
     requests = row_block * ROWS + tl.arange(0, ROWS)
     active = requests < batch_size
-    if HAS_TEMPERATURE:
-        temperature = tl.load(temperature_ptr + requests, mask=active, other=1.0)
-    else:
-        temperature = tl.full((ROWS,), 1.0, tl.float32)
-    greedy = active & (temperature == 0.0)
-    sampled = active & (temperature != 0.0)
-    inverse_temperature = tl.math.div_rn(tl.full((ROWS,), 1.0, tl.float32),
-                                         tl.where(temperature > 0.0, temperature, 1.0))
+    greedy, sampled, inverse_temperature = request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE,
+                                                                ROWS)
     if HAS_NUM_DRAFTS:
         num_drafts = tl.load(num_drafts_ptr + requests, mask=active, other=0)
         num_drafts = tl.minimum(tl.maximum(num_drafts, 0), max_drafts)

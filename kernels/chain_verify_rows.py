@@ -1,6 +1,7 @@
 """Reads of target and draft rows shared by the chain and tree kernels.
 
 ``row_statistics`` is a row's max, argmax and softmax normaliser;
+``request_temperatures`` the requests' greedy flags and ``1 / T``;
 ``sample_slice`` is the per-element pass of the sampler: loads, subtract,
 clamp, scale, convert, one int64 scan per 1024-token chunk, a compare and
 a count (``kernels/sampling.py``); no random number per element.
@@ -113,3 +114,20 @@ def inverse_norm(row_sum):
     """
     safe_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
     return tl.where(row_sum > 0.0, tl.math.div_rn(tl.zeros_like(safe_sum) + 1.0, safe_sum), float("nan"))
+
+
+@triton.jit
+def request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE: tl.constexpr, ROWS: tl.constexpr):
+    """``(greedy, sampled, 1 / T)`` of the requests: greedy is ``T == 0``, which samples with ``T = 1``.
+
+    div_rn: ``/`` is approximate on GPUs, and ``T = inf`` must give ``1 / T = 0`` exactly.
+    """
+    if HAS_TEMPERATURE:
+        temperature = tl.load(temperature_ptr + requests, mask=active, other=1.0)
+    else:
+        temperature = tl.full((ROWS,), 1.0, tl.float32)
+    greedy = active & (temperature == 0.0)
+    sampled = active & (temperature != 0.0)
+    inverse_temperature = tl.math.div_rn(tl.full((ROWS,), 1.0, tl.float32),
+                                         tl.where(temperature > 0.0, temperature, 1.0))
+    return greedy, sampled, inverse_temperature

@@ -42,7 +42,7 @@ rejections at the last node, where ``k + 1`` would do).
 import triton
 import triton.language as tl
 
-from .chain_verify_rows import inverse_norm, row_pointers, row_statistics
+from .chain_verify_rows import inverse_norm, request_temperatures, row_pointers, row_statistics
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point, softmax_weight
 
@@ -106,6 +106,18 @@ def _proposal_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q
 
 
 @triton.jit
+def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, p_from_scratch, q_from_scratch,
+                  p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token,
+                  LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr):
+    """A tile of the current ``p`` and ``q``, for the two passes of a rejection."""
+    p = _row_values(target_row, p_scratch, index, mask, p_from_scratch, p_max, p_inverse_norm, inverse_temperature,
+                    LOGITS)
+    q = _proposal_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
+                         inverse_temperature, token, LOGITS, HAS_DRAFT)
+    return p, q
+
+
+@triton.jit
 def _split_sums(weights):
     """Per row, ``(sum W >> 31, sum W & (2**31 - 1))`` of int64 weights ``W < 2**53``: exact in any order."""
     return tl.sum(weights >> 31, axis=1), tl.sum(weights & _LOW31, axis=1)
@@ -141,10 +153,9 @@ def _rejection_totals(target_row, draft_row, p_scratch, q_scratch, rejecting, p_
     for start in range(0, vocab_size, BLOCK_V):
         index = start + vocab
         mask = rejecting & (index < vocab_size)
-        p = _row_values(target_row, p_scratch, index, mask, p_from_scratch, p_max, p_inverse_norm,
-                        inverse_temperature, LOGITS)
-        q = _proposal_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
-                             inverse_temperature, token, LOGITS, HAS_DRAFT)
+        p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, p_from_scratch,
+                             q_from_scratch, p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token,
+                             LOGITS, HAS_DRAFT)
         # fixed_point maps the negatives and NaNs of p - q to 0: max(0, p - q) in one step.
         high, low = _split_sums(fixed_point(p - q))
         residual_high += high
@@ -176,10 +187,9 @@ def _write_normalised(target_row, draft_row, p_scratch, q_scratch, rejecting, p_
     for start in range(0, vocab_size, BLOCK_V):
         index = start + vocab
         mask = rejecting & (index < vocab_size)
-        p = _row_values(target_row, p_scratch, index, mask, p_from_scratch, p_max, p_inverse_norm,
-                        inverse_temperature, LOGITS)
-        q = _proposal_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
-                             inverse_temperature, token, LOGITS, HAS_DRAFT)
+        p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, p_from_scratch,
+                             q_from_scratch, p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token,
+                             LOGITS, HAS_DRAFT)
         weights = tl.where(use_residual, fixed_point(p - q), fixed_point(p))
         tl.store(p_scratch + index, (weights.to(tl.float64) * p_reciprocal).to(tl.float32), mask=mask)
         if REMOVE_DRAWN:
@@ -234,13 +244,8 @@ def _tree_verify_kernel(
     """``ROWS`` requests per program; see the module docstring."""
     requests = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     active = requests < batch_size
-    if HAS_TEMPERATURE:
-        temperature = tl.load(temperature_ptr + requests, mask=active, other=1.0)
-    else:
-        temperature = tl.full((ROWS,), 1.0, tl.float32)
-    greedy = active & (temperature == 0.0)
-    sampled = active & (temperature != 0.0)
-    inverse_temperature = tl.math.div_rn(tl.full((ROWS,), 1.0, tl.float32), tl.where(temperature > 0.0, temperature, 1.0))
+    greedy, sampled, inverse_temperature = request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE,
+                                                                ROWS)
     if HAS_NUM_NODES:
         limit = tl.load(num_nodes_ptr + requests, mask=active, other=1).to(tl.int64)
         limit = tl.minimum(tl.maximum(limit, 1), tree_size).to(tl.int32)

@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 import torch
 
+from ._shapes import cdiv, next_power_of_2
+
 # A program's tile is BLOCK_NODES x BLOCK_WORDS int32 words: at most 1024,
 # 8 per thread of 4 warps. N <= 64 (the EAGLE range) is one program per
 # request (64 x 2 words); N = 1024 is 32 programs of 32 nodes x 32 words.
@@ -27,20 +29,12 @@ class LaunchConfig(NamedTuple):
 
 
 def launch_config(max_nodes: int, interpreter: bool = False) -> LaunchConfig:
-    num_words = _cdiv(max_nodes, 32)
-    block_words = _next_power_of_2(num_words)
+    num_words = cdiv(max_nodes, 32)
+    block_words = next_power_of_2(num_words)
     max_tile, max_block_nodes = ((INTERPRETER_MAX_TILE, INTERPRETER_MAX_BLOCK_NODES) if interpreter
                                  else (MAX_TILE, MAX_BLOCK_NODES))
-    block_nodes = max(1, min(_next_power_of_2(max_nodes), max_tile // block_words, max_block_nodes))
-    return LaunchConfig(block_nodes, block_words, _cdiv(max_nodes, block_nodes))
-
-
-def _next_power_of_2(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
-
-
-def _cdiv(numerator: int, denominator: int) -> int:
-    return -(-numerator // denominator)
+    block_nodes = max(1, min(next_power_of_2(max_nodes), max_tile // block_words, max_block_nodes))
+    return LaunchConfig(block_nodes, block_words, cdiv(max_nodes, block_nodes))
 
 
 def triton_build_tree(parents, num_nodes, prefix_lens):
@@ -48,7 +42,7 @@ def triton_build_tree(parents, num_nodes, prefix_lens):
 
     batch_size, max_nodes = parents.shape
     device = parents.device
-    num_words = _cdiv(max_nodes, 32)
+    num_words = cdiv(max_nodes, 32)
     mask = torch.empty((batch_size, max_nodes, num_words), dtype=torch.int32, device=device)
     depth = torch.empty((batch_size, max_nodes), dtype=torch.int32, device=device)
     positions = torch.empty((batch_size, max_nodes), dtype=torch.int64, device=device)

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _workspace
+from ._shapes import cdiv, next_power_of_2, unit_last_stride
 
 CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py); a program's slice is whole chunks
 
@@ -56,19 +57,19 @@ def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multi
     """
     if limits is None:
         limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
-    block_k1 = _next_power_of_2(rows_per_request)
-    block_v = min(_next_power_of_2(vocab_size), CHUNK_SIZE)
-    num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
-    rows = max(1, min(limits.tile // block_v, limits.decision_tile // block_k1, _next_power_of_2(batch_size)))
-    row_blocks = _cdiv(batch_size, rows)
+    block_k1 = next_power_of_2(rows_per_request)
+    block_v = min(next_power_of_2(vocab_size), CHUNK_SIZE)
+    num_chunks = cdiv(vocab_size, CHUNK_SIZE)
+    rows = max(1, min(limits.tile // block_v, limits.decision_tile // block_k1, next_power_of_2(batch_size)))
+    row_blocks = cdiv(batch_size, rows)
     # GPU: enough slices for about two programs per SM. Interpreter: as many
     # as the limit allows, so that tests cross slices.
-    wanted = _cdiv(2 * multiprocessors, row_blocks) if multiprocessors is not None else num_chunks
+    wanted = cdiv(2 * multiprocessors, row_blocks) if multiprocessors is not None else num_chunks
     splits = max(1, min(num_chunks, limits.max_splits or num_chunks, wanted))
-    chunks_per_split = _cdiv(num_chunks, splits)
-    num_splits = _cdiv(num_chunks, chunks_per_split)
-    split_tile = max(1, min(_next_power_of_2(num_splits), limits.combine_tile // (rows * block_k1)))
-    chunk_tile = max(1, min(_next_power_of_2(num_chunks), limits.combine_tile // rows))
+    chunks_per_split = cdiv(num_chunks, splits)
+    num_splits = cdiv(num_chunks, chunks_per_split)
+    split_tile = max(1, min(next_power_of_2(num_splits), limits.combine_tile // (rows * block_k1)))
+    chunk_tile = max(1, min(next_power_of_2(num_chunks), limits.combine_tile // rows))
     max_registers = GPU_MAX_REGISTERS if multiprocessors is not None else None
     return LaunchConfig(rows, block_k1, block_v, num_chunks, chunks_per_split, num_splits, split_tile, chunk_tile,
                         max_registers)
@@ -89,7 +90,7 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     """
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
-    num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
+    num_chunks = cdiv(vocab_size, CHUNK_SIZE)
     chunk_slots = batch_size * num_chunks
     # Slices per request: at most the chunks and the limit. On a GPU whose
     # tile is at most a chunk, a row of several chunks gets a program to
@@ -98,7 +99,7 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     request_slices = batch_size * max_splits
     if multiprocessors is not None and limits.tile <= CHUNK_SIZE:
         request_slices = min(request_slices, batch_size + 2 * multiprocessors)
-    stat_slots = _next_power_of_2(rows_per_request) * request_slices
+    stat_slots = next_power_of_2(rows_per_request) * request_slices
     logit_slots = stat_slots if logits else 1
     return {
         "chain_verify.chunk_total": (chunk_slots, torch.int64),
@@ -125,20 +126,6 @@ def split_words(value: int) -> tuple[int, int]:
     return low - (1 << 32) * (low >> 31), high - (1 << 32) * (high >> 31)
 
 
-def _next_power_of_2(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
-
-
-def _cdiv(numerator: int, denominator: int) -> int:
-    return -(-numerator // denominator)
-
-
-def _unit_last_stride(tensor):
-    if tensor is None or tensor.dim() == 0 or tensor.stride(-1) == 1:
-        return tensor
-    return tensor.contiguous()
-
-
 @functools.lru_cache(maxsize=None)
 def _multiprocessor_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -157,12 +144,12 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
         return output, num_accepted
     # The kernel takes row strides and assumes unit stride along the last dim.
     draft_token_ids, target, draft, num_draft_tokens, temperature, seed_tensor, offset_tensor = (
-        _unit_last_stride(tensor)
+        unit_last_stride(tensor)
         for tensor in (draft_token_ids, target, draft, num_draft_tokens, temperature, seed_tensor, offset_tensor)
     )
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors)
-    row_blocks = _cdiv(batch_size, config.rows)
+    row_blocks = cdiv(batch_size, config.rows)
     # Logits with one slice per row walk the rows in one wave; with several, two waves.
     walk = logits and config.num_splits == 1
     waves = 2 if logits and not walk else 1
@@ -215,13 +202,13 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     reserve for exactly the call they will make.
     """
     del logits
-    num_chunks = max(1, _cdiv(vocab_size, CUDA_CHUNK_SIZE))
+    num_chunks = max(1, cdiv(vocab_size, CUDA_CHUNK_SIZE))
     if torch.device(device).type == "cuda":
         target_blocks = CUDA_BLOCKS_PER_MULTIPROCESSOR * _multiprocessor_count(torch.device(device))
     else:
         target_blocks = 8
-    splits = min(num_chunks, _cdiv(target_blocks, max(batch_size, 1)))
-    stats_words = _cdiv(max(batch_size, 1) * splits * 4 * rows_per_request, 2) if splits > 1 else 0
+    splits = min(num_chunks, cdiv(target_blocks, max(batch_size, 1)))
+    stats_words = cdiv(max(batch_size, 1) * splits * 4 * rows_per_request, 2) if splits > 1 else 0
     return {
         "chain_verify_cuda.workspace": (3 * batch_size * num_chunks + stats_words, torch.int64),
         "chain_verify_cuda.arrivals": (batch_size + 2, torch.int32),

@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 import torch
 
+from ._shapes import cdiv, next_power_of_2
+
 # A program holds a [BLOCK_N, BLOCK_F] tile of one cache (BLOCK_N the path
 # width): 1024 elements, 4 per thread of 8 warps, with their 64-bit
 # addresses (python -m specdec_kernels._kernels.aot reports the registers).
@@ -30,17 +32,9 @@ class LaunchConfig(NamedTuple):
 
 def launch_config(path_width: int, num_features: int, interpreter: bool = False) -> LaunchConfig:
     max_tile = INTERPRETER_MAX_TILE if interpreter else MAX_TILE
-    block_n = _next_power_of_2(path_width)
-    block_f = max(1, min(_next_power_of_2(num_features), max_tile // block_n))
-    return LaunchConfig(block_n, block_f, _cdiv(num_features, block_f))
-
-
-def _next_power_of_2(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
-
-
-def _cdiv(numerator: int, denominator: int) -> int:
-    return -(-numerator // denominator)
+    block_n = next_power_of_2(path_width)
+    block_f = max(1, min(next_power_of_2(num_features), max_tile // block_n))
+    return LaunchConfig(block_n, block_f, cdiv(num_features, block_f))
 
 
 def triton_compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes):

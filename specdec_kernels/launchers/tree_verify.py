@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _workspace
+from ._shapes import cdiv, next_power_of_2, unit_last_stride
 from .chain_verify import CHUNK_SIZE, split_words
 
 # GPU: 4 warps, tiles of 1024 elements (8 per thread): the vocabulary tile
@@ -41,15 +42,15 @@ class LaunchConfig(NamedTuple):
 
 def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter: bool = False) -> LaunchConfig:
     tile = INTERPRETER_TILE if interpreter else TILE
-    num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
-    block_v = min(_next_power_of_2(vocab_size), CHUNK_SIZE)
-    rows = max(1, min(tile // block_v, _next_power_of_2(batch_size)))
+    num_chunks = cdiv(vocab_size, CHUNK_SIZE)
+    block_v = min(next_power_of_2(vocab_size), CHUNK_SIZE)
+    rows = max(1, min(tile // block_v, next_power_of_2(batch_size)))
     if not interpreter:
         rows = min(rows, MAX_ROWS)
-    block_n = max(1, min(_next_power_of_2(tree_size), tile // rows))
+    block_n = max(1, min(next_power_of_2(tree_size), tile // rows))
     if interpreter:
         block_n = min(block_n, INTERPRETER_MAX_BLOCK_N)
-    chunk_tile = max(1, min(_next_power_of_2(num_chunks), MAX_CHUNK_TILE // rows))
+    chunk_tile = max(1, min(next_power_of_2(num_chunks), MAX_CHUNK_TILE // rows))
     return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile)
 
 
@@ -66,26 +67,12 @@ def triton_workspace_specs(batch_size: int, vocab_size: int, rows: int = 2) -> d
     covers the smaller ones. Nothing here is a counter: every call writes
     what it reads.
     """
-    num_chunks = _cdiv(vocab_size, CHUNK_SIZE)
+    num_chunks = cdiv(vocab_size, CHUNK_SIZE)
     return {
         "tree_verify.scratch": (batch_size * rows * vocab_size, torch.float32),
         "tree_verify.chunk_total": (batch_size * num_chunks, torch.int64),
         "tree_verify.chunk_pick": (batch_size * num_chunks, torch.int32),
     }
-
-
-def _next_power_of_2(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
-
-
-def _cdiv(numerator: int, denominator: int) -> int:
-    return -(-numerator // denominator)
-
-
-def _unit_last_stride(tensor):
-    if tensor is None or tensor.dim() == 0 or tensor.stride(-1) == 1:
-        return tensor
-    return tensor.contiguous()
 
 
 def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
@@ -101,7 +88,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
         return accepted_nodes, output, num_accepted
     # The kernel takes row strides and assumes unit stride along the vocabulary.
     target, draft, num_nodes, temperature, seed_tensor, offset_tensor = (
-        _unit_last_stride(tensor) for tensor in (target, draft, num_nodes, temperature, seed_tensor, offset_tensor)
+        unit_last_stride(tensor) for tensor in (target, draft, num_nodes, temperature, seed_tensor, offset_tensor)
     )
     config = launch_config(batch_size, tree_size, vocab_size, interpreter=device.type != "cuda")
     rows = scratch_rows(draft is not None, draft_sampling)
@@ -110,7 +97,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
     with guard:
         scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, vocab_size, rows))
         placeholder = target
-        _tree_verify_kernel[(_cdiv(batch_size, config.rows),)](
+        _tree_verify_kernel[(cdiv(batch_size, config.rows),)](
             tree_token_ids, parents, target, placeholder if draft is None else draft,
             placeholder if num_nodes is None else num_nodes, placeholder if temperature is None else temperature,
             placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
