@@ -11,15 +11,19 @@ serial scan of the ``N`` nodes.
 
 Only what is needed is read. With probabilities an acceptance test is two
 gathers, ``p(t)`` and ``q(t)``. A rejection needs the whole normalised
-residual, so it makes two passes over the vocabulary
-(:func:`_rejection_totals`, :func:`_write_normalised`): the exact integer
-totals of the fixed-point weights, then ``float32(W * r)`` written to the
-request's scratch row (``[B, 1 or 2, V]`` float32 in the workspace: ``p``,
-and ``q`` when the rejected token leaves the proposal). Several rejections
-at one node re-read that row, which stays in L2 for batches that fit.
-The rows of a node on the path are read from the inputs until its first
-rejection; a full row is read only where a child is rejected, where the
-final token is sampled, and with logits or greedy requests (a softmax
+residual ``float32(W * r)`` (``r`` the reciprocal of the exact integer
+total of the fixed-point weights ``W``), so it makes one pass over the
+vocabulary (:func:`_rejection_pass`) for its totals and leaves the
+rejection *pending*: the rows are transformed where they are next read
+(:func:`_current_rows`). If the next child is accepted, nothing more is
+read at this node; if it is rejected too, its pass also writes the current
+rows out to the request's scratch rows (``[B, 1 or 2, V]`` float32 in the
+workspace: ``p``, and ``q`` when the rejected token leaves the proposal),
+which become the base the next pending rejection applies to; the final
+sample applies the last one. So ``k`` rejections at a node cost ``k``
+passes (and the sample one more), and the scratch rows stay in L2 for
+batches that fit. A full row is read only where a child is rejected, where
+the final token is sampled, and with logits or greedy requests (a softmax
 normaliser or an argmax needs the row). Nothing ``[B, N, V]`` is written.
 
 The final token is the fixed-point sampler on the current ``p``
@@ -34,9 +38,10 @@ chunk writes before other threads read them, and those reads bypass L1
 (``.cg``). Offsets that multiply a stride are 64-bit.
 
 Not done yet: splitting one request's vocabulary over several programs
-(small batches use few SMs), and fusing a rejection's second pass with the
-next rejection's totals or the final sample (``2k + 1`` passes for ``k``
-rejections at the last node, where ``k + 1`` would do).
+(small batches use few SMs). Each rejection needs the whole row's total
+before the next child's test, so the programs of a request would have to
+exchange totals and wait for each other at every rejection, which the
+interpreter (programs one after another) cannot run or test.
 """
 
 import triton
@@ -94,26 +99,42 @@ def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_no
 
 
 @triton.jit
-def _proposal_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm, inverse_temperature,
-                     token, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr):
-    """The proposal ``q`` at ``index``: the draft's row, or one-hot on ``token`` without a draft."""
-    if HAS_DRAFT:
-        values = _row_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
-                             inverse_temperature, LOGITS)
-    else:
-        values = tl.where(index == token, 1.0, 0.0)
-    return values
+def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, from_scratch,
+                  p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                  pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
+                  LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr):
+    """The current ``p`` and the proposal ``q`` that ``token`` was drawn from, at ``index``.
 
-
-@triton.jit
-def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, p_from_scratch, q_from_scratch,
-                  p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token,
-                  LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr):
-    """A tile of the current ``p`` and ``q``, for the two passes of a rejection."""
-    p = _row_values(target_row, p_scratch, index, mask, p_from_scratch, p_max, p_inverse_norm, inverse_temperature,
+    The base rows (the inputs, or the scratch rows where ``from_scratch``)
+    become the current ones through the rejection pending on each row (where
+    ``pending``): ``p = float32(W * r_p)``, ``W`` the fixed-point residual
+    against the proposal of ``pending_token`` (or of ``p`` where the residual
+    had no mass), and, removing the drawn token, ``q`` likewise. These are
+    the rows ``_sampling.normalise`` gives the reference, computed where they
+    are read instead of written out first. Without a draft the proposal is
+    one-hot on ``token``.
+    """
+    p = _row_values(target_row, p_scratch, index, mask, from_scratch, p_max, p_inverse_norm, inverse_temperature,
                     LOGITS)
-    q = _proposal_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
-                         inverse_temperature, token, LOGITS, HAS_DRAFT)
+    if HAS_DRAFT:
+        if REMOVE_DRAWN:
+            q_from_scratch = from_scratch
+        else:
+            q_from_scratch = from_scratch != from_scratch  # with replacement q is never rewritten
+        q = _row_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
+                        inverse_temperature, LOGITS)
+        tried = q
+    else:
+        tried = tl.where(index == pending_token, 1.0, 0.0)
+    # fixed_point maps the negatives and NaNs of p - q to 0: max(0, p - q) in one step.
+    weights = tl.where(pending_residual != 0, fixed_point(p - tried), fixed_point(p))
+    p = tl.where(pending != 0, (weights.to(tl.float64) * p_reciprocal).to(tl.float32), p)
+    if HAS_DRAFT:
+        if REMOVE_DRAWN:
+            drawn = fixed_point(tl.where(index == pending_token, 0.0, q))
+            q = tl.where(pending != 0, (drawn.to(tl.float64) * q_reciprocal).to(tl.float32), q)
+    else:
+        q = tl.where(index == token, 1.0, 0.0)
     return p, q
 
 
@@ -135,13 +156,18 @@ def _reciprocal(high31, low31):
 
 
 @triton.jit
-def _rejection_totals(target_row, draft_row, p_scratch, q_scratch, rejecting, p_from_scratch, q_from_scratch,
-                      p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token, vocab_size,
-                      LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
-                      ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Split totals of the fixed-point weights of ``max(0, p - q)``, of ``p`` and of ``q`` without ``token``.
+def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writing, from_scratch,
+                    p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                    pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token, vocab_size,
+                    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One pass over the rejecting rows: the split totals of the fixed-point weights of ``max(0, p - q)``,
+    of ``p`` and of ``q`` without ``token``, for the current ``p`` and ``q``.
 
-    Row arguments are ``[ROWS, 1]``; ``rejecting`` masks the rows read.
+    Rows that are ``writing`` (a rejection was already pending) also store
+    their current rows in the scratch rows, which become their base. Each
+    tile is read before it is overwritten, so the scratch rows may be both
+    the source and the destination. Row arguments are ``[ROWS, 1]``.
     """
     vocab = tl.arange(0, BLOCK_V)[None, :]
     residual_high = tl.zeros((ROWS,), tl.int64)
@@ -153,10 +179,13 @@ def _rejection_totals(target_row, draft_row, p_scratch, q_scratch, rejecting, p_
     for start in range(0, vocab_size, BLOCK_V):
         index = start + vocab
         mask = rejecting & (index < vocab_size)
-        p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, p_from_scratch,
-                             q_from_scratch, p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token,
-                             LOGITS, HAS_DRAFT)
-        # fixed_point maps the negatives and NaNs of p - q to 0: max(0, p - q) in one step.
+        p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, from_scratch,
+                             p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                             pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
+                             LOGITS, HAS_DRAFT, REMOVE_DRAWN)
+        tl.store(p_scratch + index, p, mask=mask & writing)
+        if REMOVE_DRAWN:
+            tl.store(q_scratch + index, q, mask=mask & writing)
         high, low = _split_sums(fixed_point(p - q))
         residual_high += high
         residual_low += low
@@ -171,49 +200,26 @@ def _rejection_totals(target_row, draft_row, p_scratch, q_scratch, rejecting, p_
 
 
 @triton.jit
-def _write_normalised(target_row, draft_row, p_scratch, q_scratch, rejecting, p_from_scratch, q_from_scratch,
-                      p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token, vocab_size,
-                      use_residual, p_high, p_low, q_high, q_low,
-                      LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
-                      BLOCK_V: tl.constexpr):
-    """The new ``p`` (the residual, or ``p`` where it has no mass) and, removing the drawn token, ``q``.
-
-    Each tile is read before it is overwritten, so the scratch rows may be
-    both the source and the destination.
-    """
-    vocab = tl.arange(0, BLOCK_V)[None, :]
-    p_reciprocal = _reciprocal(p_high, p_low)[:, None]
-    q_reciprocal = _reciprocal(q_high, q_low)[:, None]
-    for start in range(0, vocab_size, BLOCK_V):
-        index = start + vocab
-        mask = rejecting & (index < vocab_size)
-        p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, p_from_scratch,
-                             q_from_scratch, p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature, token,
-                             LOGITS, HAS_DRAFT)
-        weights = tl.where(use_residual, fixed_point(p - q), fixed_point(p))
-        tl.store(p_scratch + index, (weights.to(tl.float64) * p_reciprocal).to(tl.float32), mask=mask)
-        if REMOVE_DRAWN:
-            drawn = fixed_point(tl.where(index == token, 0.0, q))
-            tl.store(q_scratch + index, (drawn.to(tl.float64) * q_reciprocal).to(tl.float32), mask=mask)
-
-
-@triton.jit
-def _sample_rows(target_row, p_scratch, sampled, p_from_scratch, p_max, p_inverse_norm, inverse_temperature,
-                 chunk_total_ptr, chunk_pick_ptr, requests, k0, k1, c2, c3, node, num_chunks, vocab_size,
-                 LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr):
+def _sample_rows(target_row, draft_row, p_scratch, q_scratch, sampled, from_scratch, p_max, p_inverse_norm,
+                 q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual,
+                 p_reciprocal, q_reciprocal, chunk_total_ptr, chunk_pick_ptr, requests, k0, k1, c2, c3, node,
+                 num_chunks, vocab_size, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
+                 REMOVE_DRAWN: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr):
     """The fixed-point sample of each row's current ``p`` at position ``node``; -1 without mass.
 
     ``BLOCK_V`` is the sampler's chunk (or the whole vocabulary below one):
     one tile per chunk, its total and candidate stored, then the chunk
-    choice in 128-bit arithmetic.
+    choice in 128-bit arithmetic. Row arguments are ``[ROWS, 1]``.
     """
     vocab = tl.arange(0, BLOCK_V)[None, :]
     slot = requests.to(tl.int64) * num_chunks
     for chunk in range(0, num_chunks):
         index = chunk * BLOCK_V + vocab
         mask = sampled[:, None] & (index < vocab_size)
-        p = _row_values(target_row, p_scratch, index, mask, p_from_scratch, p_max, p_inverse_norm,
-                        inverse_temperature, LOGITS)
+        p, _ = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, from_scratch,
+                             p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                             pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, pending_token,
+                             LOGITS, HAS_DRAFT, REMOVE_DRAWN)
         total, offset = chunk_pick(fixed_point(p), chunk_draw(k0, k1, c2, c3, node, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
         tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
@@ -265,7 +271,12 @@ def _tree_verify_kernel(
     last = tl.where(active, node, limit)  # the child tried last; limit once the row's walk is over
     depth = node
     statistics_node = node - 1  # the node whose statistics are loaded
-    scratch_node = node - 1  # the node whose rejection wrote the scratch rows
+    scratch_node = node - 1  # the node whose current rows the scratch rows hold (the base rows there)
+    pending_node = node - 1  # the node with a rejection not yet applied to its base rows
+    pending_token = tl.zeros((ROWS,), tl.int64)
+    pending_residual = node  # 1: the pending rejection's residual had mass, 0: it falls back to p
+    p_reciprocal = tl.zeros((ROWS,), tl.float64)
+    q_reciprocal = p_reciprocal
     p_max = tl.zeros((ROWS,), tl.float32)
     p_inverse_norm = p_max
     q_max = p_max
@@ -299,39 +310,40 @@ def _tree_verify_kernel(
             greedy_token = tl.where(needs_statistics, tl.where(has_choice, row_arg, -1), greedy_token)
         statistics_node = tl.where(entering, node, statistics_node)
 
-        # The node's rows are the inputs' until a rejection here.
-        p_from_scratch = scratch_node == node
-        if REMOVE_DRAWN:
-            q_from_scratch = p_from_scratch
-        else:
-            q_from_scratch = tl.zeros((ROWS,), tl.int1)
+        # A node's base rows are the inputs until a second rejection there
+        # writes the current rows out; a rejection is applied where the rows
+        # are next read (the next child's gathers, the next pass, the sample).
+        from_scratch = scratch_node == node
+        pending = (pending_node == node).to(tl.int32)
         safe_child = tl.where(trying, child, 0)
         token = tl.load(ids_row + safe_child.to(tl.int64) * stride_ids_n, mask=trying, other=0).to(tl.int64)
         gather = trying & sampled
-        target_at = _row_values(target_row, p_scratch, token, gather, p_from_scratch, p_max, p_inverse_norm,
-                                inverse_temperature, LOGITS)
-        draft_at = _proposal_values(draft_row, q_scratch, token, gather, q_from_scratch, q_max, q_inverse_norm,
-                                    inverse_temperature, token, LOGITS, HAS_DRAFT)
+        target_at, draft_at = _current_rows(
+            target_row, draft_row, p_scratch, q_scratch, token, gather, from_scratch, p_max, p_inverse_norm,
+            q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual, p_reciprocal,
+            q_reciprocal, token, LOGITS, HAS_DRAFT, REMOVE_DRAWN)
         word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
         accepted = trying & tl.where(greedy, token == greedy_token.to(tl.int64),
                                      uniform_from_word(word) * draft_at < target_at)
         rejecting = gather & (accepted == 0)
         if tl.max(rejecting.to(tl.int32), axis=0) > 0:
-            residual_high, residual_low, target_high, target_low, drawn_high, drawn_low = _rejection_totals(
+            writing = rejecting & (pending != 0)
+            residual_high, residual_low, target_high, target_low, drawn_high, drawn_low = _rejection_pass(
                 target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], rejecting[:, None],
-                p_from_scratch[:, None], q_from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None],
-                q_max[:, None], q_inverse_norm[:, None], inverse_temperature[:, None], token[:, None], vocab_size,
+                writing[:, None], from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None], q_max[:, None],
+                q_inverse_norm[:, None], inverse_temperature[:, None], pending[:, None], pending_token[:, None],
+                pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None], token[:, None], vocab_size,
                 LOGITS, HAS_DRAFT, REMOVE_DRAWN, ROWS, BLOCK_V)
+            tl.debug_barrier()  # the rows written, visible to every thread
             use_residual = (residual_high != 0) | (residual_low != 0)
-            _write_normalised(
-                target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], rejecting[:, None],
-                p_from_scratch[:, None], q_from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None],
-                q_max[:, None], q_inverse_norm[:, None], inverse_temperature[:, None], token[:, None], vocab_size,
-                use_residual[:, None], tl.where(use_residual, residual_high, target_high),
-                tl.where(use_residual, residual_low, target_low), drawn_high, drawn_low,
-                LOGITS, HAS_DRAFT, REMOVE_DRAWN, BLOCK_V)
-            tl.debug_barrier()  # the new rows, visible to every thread
-            scratch_node = tl.where(rejecting, node, scratch_node)
+            scratch_node = tl.where(writing, node, scratch_node)
+            pending_node = tl.where(rejecting, node, pending_node)
+            pending_token = tl.where(rejecting, token, pending_token)
+            pending_residual = tl.where(rejecting, use_residual.to(tl.int32), pending_residual)
+            p_reciprocal = tl.where(rejecting, _reciprocal(tl.where(use_residual, residual_high, target_high),
+                                                           tl.where(use_residual, residual_low, target_low)),
+                                    p_reciprocal)
+            q_reciprocal = tl.where(rejecting, _reciprocal(drawn_high, drawn_low), q_reciprocal)
 
         depth += accepted.to(tl.int32)
         tl.store(accepted_row + depth, child, mask=accepted)
@@ -340,12 +352,16 @@ def _tree_verify_kernel(
         last = tl.where(last < limit, child, last)
 
     target_row = row_pointers(target_ptr, requests, stride_target_b, node, stride_target_n)
+    draft_row = row_pointers(draft_ptr, requests, stride_draft_b, node, stride_draft_n)
     token = greedy_token
     if tl.max(sampled.to(tl.int32), axis=0) > 0:
         sampled_token = _sample_rows(
-            target_row[:, None], p_scratch[:, None], sampled, (scratch_node == node)[:, None], p_max[:, None],
-            p_inverse_norm[:, None], inverse_temperature[:, None], chunk_total_ptr, chunk_pick_ptr, requests,
-            k0, k1, c2, c3, node, num_chunks, vocab_size, LOGITS, ROWS, BLOCK_V, CHUNK_TILE)
+            target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], sampled,
+            (scratch_node == node)[:, None], p_max[:, None], p_inverse_norm[:, None], q_max[:, None],
+            q_inverse_norm[:, None], inverse_temperature[:, None], (pending_node == node).to(tl.int32)[:, None],
+            pending_token[:, None], pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None],
+            chunk_total_ptr, chunk_pick_ptr, requests, k0, k1, c2, c3, node, num_chunks, vocab_size,
+            LOGITS, HAS_DRAFT, REMOVE_DRAWN, ROWS, BLOCK_V, CHUNK_TILE)
         token = tl.where(sampled, sampled_token, greedy_token)
     tl.store(num_accepted_ptr + requests, depth, mask=active)
     nodes = tl.arange(0, BLOCK_N)[None, :]

@@ -11,20 +11,22 @@ from .. import _workspace
 from ._shapes import cdiv, next_power_of_2, unit_last_stride
 from .chain_verify import CHUNK_SIZE, split_words
 
-# GPU: 4 warps, tiles of 1024 elements (8 per thread): the vocabulary tile
+# GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
 # is one sampler chunk (or the whole vocabulary below one), the node tile
 # holds the parents the next-child search scans (N <= 1024 is one tile).
+# A rejection pass holds p, q, three int64 weights and float64 products per
+# element: with 4 warps (8 elements a thread) it spilled at 96 and at 128
+# registers. ptxas given a cap keeps the values live across the division
+# slow-path calls in registers; uncapped it spilled 4-16 bytes there
+# (python -m specdec_kernels._kernels.aot reports registers and spills).
 # One request per program: with 2-8 requests a program the walk state
-# spilled 20-1700 bytes below 1024 tokens (sm_90a, 96-128 registers), so
-# packing small vocabularies waits for a leaner state layout.
-NUM_WARPS = 4
+# spilled 20-1700 bytes below 1024 tokens, so packing small vocabularies
+# waits for a leaner state layout.
+NUM_WARPS = 8
+MAX_REGISTERS = 128
 TILE = 1024
 MAX_ROWS = 1
 MAX_CHUNK_TILE = 1024
-# ptxas given a register cap keeps the values live across the division
-# slow-path calls in registers; left uncapped it spilled 4-16 bytes there
-# (python -m specdec_kernels._kernels.aot reports registers and spills).
-MAX_REGISTERS = 96
 # Interpreter (CPU): programs run one after another, so tiles are wide and
 # many requests share a program; the node tile stays at 64 so that trees of
 # a few hundred nodes cross tiles in the tests.
