@@ -14,7 +14,7 @@ import torch
 import specdec_kernels as sk
 from conftest import backend_or_skip
 
-BACKENDS = ["reference"]
+BACKENDS = ["reference", "triton"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 

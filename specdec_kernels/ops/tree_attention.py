@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
+from ..launchers.tree_attention import triton_tree_attention
 from ..reference import tree_attention as reference
 
 OP_NAME = "tree_attention"
@@ -86,4 +87,4 @@ def _fake(q, *args):
     return torch.empty_like(q)
 
 
-_library.register(OP_NAME, {"reference": _reference}, _fake)
+_library.register(OP_NAME, {"reference": _reference, "triton": triton_tree_attention}, _fake)

@@ -1,0 +1,197 @@
+"""Triton kernels for ``tree_attention``: flash-attention over a paged KV cache with the tree mask inside.
+
+``_tree_attention_kernel``: one program per (request, KV head, row tile,
+KV split). The rows of a tile are ``(node, query head)`` pairs of one
+request whose query heads share the KV head, node-major: row ``r`` is node
+``r // group``, query head ``kv_head * group + r % group``. So every K/V
+tile a program loads serves all its nodes and query heads at once; when
+``N * group`` fits one row tile (``launchers/tree_attention.py``) the cache
+is streamed once per request and KV head.
+
+Keys come in two ranges. The prefix (positions ``< prefix_lens[b]``) is
+visible to every live node: no mask bit is read there. Split ``s`` of ``S``
+takes the ``s``-th of ``S`` equal, ``BLOCK_N``-aligned slices of it. The
+tree block (positions ``prefix_lens[b] + j``, ``j < N``) belongs to the last
+split, which reads the packed ancestor words of its rows once per tile.
+
+Online softmax in base 2 (the scale is premultiplied by ``log2(e)``): each
+program keeps the running row maximum, row sum and unnormalised output.
+With one split it writes the normalised output; with more it writes its
+partial state and ``_tree_attention_merge_kernel`` combines the splits.
+
+Defined outcomes (the reference's, reference/tree_attention.py): a key
+whose block-table column is past ``max_blocks`` or whose block id lies
+outside ``[0, num_blocks)`` is invisible and never read; rows of nodes at or
+past ``num_nodes[b]`` and rows that see no key are zero. Offsets that
+multiply a stride are 64-bit.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load_keys(k_head_ptr, v_head_ptr, table_row_ptr, positions, in_range, num_blocks, max_blocks, block_size_log2,
+               stride_table_m, stride_k_block, stride_k_slot, stride_v_block, stride_v_slot,
+               HEAD_DIM: tl.constexpr, FLOAT32_TILES: tl.constexpr):
+    """``K^T [HEAD_DIM, BLOCK_N]``, ``V [BLOCK_N, HEAD_DIM]`` and which of the positions are stored.
+
+    Block ids are gathered per position, so a tile may span several cache
+    blocks (block sizes below ``BLOCK_N``) or part of one.
+    """
+    dims = tl.arange(0, HEAD_DIM)
+    column = positions >> block_size_log2
+    in_table = in_range & (positions >= 0) & (column < max_blocks)
+    block = tl.load(table_row_ptr + column * stride_table_m, mask=in_table, other=-1)
+    stored = in_table & (block >= 0) & (block < num_blocks)
+    block = block.to(tl.int64)
+    slot = positions & ((1 << block_size_log2) - 1)
+    k = tl.load(k_head_ptr + (block * stride_k_block + slot * stride_k_slot)[None, :] + dims[:, None],
+                mask=stored[None, :], other=0.0)
+    v = tl.load(v_head_ptr + (block * stride_v_block + slot * stride_v_slot)[:, None] + dims[None, :],
+                mask=stored[:, None], other=0.0)
+    if FLOAT32_TILES:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v, stored
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, visible, acc, row_max, row_sum, scale_log2):
+    """Fold one key tile into the running ``(acc, row_max, row_sum)`` of every row.
+
+    A row that has seen no visible key keeps ``row_max = -inf``; its
+    exponentials are taken against 0 instead, so they are 0, not NaN.
+    """
+    scores = tl.where(visible, tl.dot(q, k) * scale_log2, float("-inf"))
+    new_max = tl.maximum(row_max, tl.max(scores, 1))
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    weights = tl.exp2(scores - safe_max[:, None])
+    rescale = tl.exp2(row_max - safe_max)
+    row_sum = row_sum * rescale + tl.sum(weights, 1)
+    acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+    return acc, new_max, row_sum
+
+
+@triton.jit
+def _inverse_or_zero(total):
+    """``1 / total``, or 0 for a row that saw no key (``total == 0``): its output is zero.
+
+    div_rn: ``/`` lowers to an approximate division on GPUs.
+    """
+    positive = total > 0.0
+    return tl.where(positive, tl.math.div_rn(tl.zeros_like(total) + 1.0, tl.where(positive, total, 1.0)), 0.0)
+
+
+@triton.jit
+def _tree_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, prefix_lens_ptr, tree_mask_ptr, num_nodes_ptr,
+    out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr,
+    scale_log2,
+    max_nodes, group, num_q_heads, num_kv_heads, row_tiles, num_splits,
+    num_blocks, max_blocks, block_size_log2,
+    stride_q_b, stride_q_n, stride_q_h,
+    stride_k_block, stride_k_slot, stride_k_head,
+    stride_v_block, stride_v_slot, stride_v_head,
+    stride_table_b, stride_table_m, stride_prefix,
+    stride_mask_b, stride_mask_n, stride_num_nodes,
+    HAS_NUM_NODES: tl.constexpr, SPLIT: tl.constexpr, FLOAT32_TILES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    program = tl.program_id(0)
+    split = tl.program_id(1)
+    row_tile = program % row_tiles
+    kv_head = (program // row_tiles) % num_kv_heads
+    request = (program // row_tiles // num_kv_heads).to(tl.int64)
+
+    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    node = rows // group
+    head = kv_head * group + rows % group
+    in_tree = node < max_nodes
+    live = in_tree
+    if HAS_NUM_NODES:
+        live = live & (node < tl.load(num_nodes_ptr + request * stride_num_nodes))
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + request * stride_q_b + (node.to(tl.int64) * stride_q_n + head.to(tl.int64) * stride_q_h)[:, None]
+                + dims[None, :], mask=in_tree[:, None], other=0.0)
+    if FLOAT32_TILES:
+        q = q.to(tl.float32)
+
+    k_head_ptr = k_cache_ptr + kv_head.to(tl.int64) * stride_k_head
+    v_head_ptr = v_cache_ptr + kv_head.to(tl.int64) * stride_v_head
+    table_row_ptr = block_tables_ptr + request * stride_table_b
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    keys = tl.arange(0, BLOCK_N)
+
+    # Prefix: a prefix past the table's capacity is invisible there anyway;
+    # clamping bounds the loop for any prefix_lens value.
+    prefix = tl.load(prefix_lens_ptr + request * stride_prefix).to(tl.int64)
+    capacity = max_blocks.to(tl.int64) << block_size_log2
+    prefix_end = tl.maximum(tl.minimum(prefix, capacity), 0)
+    per_split = tl.cdiv(tl.cdiv(prefix_end, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    stop = tl.minimum(start + per_split, prefix_end)
+    for tile_start in range(start, stop, BLOCK_N):
+        positions = tile_start + keys
+        k, v, stored = _load_keys(k_head_ptr, v_head_ptr, table_row_ptr, positions, positions < stop, num_blocks,
+                                  max_blocks, block_size_log2, stride_table_m, stride_k_block, stride_k_slot,
+                                  stride_v_block, stride_v_slot, HEAD_DIM, FLOAT32_TILES)
+        visible = live[:, None] & stored[None, :]
+        acc, row_max, row_sum = _online_softmax_step(q, k, v, visible, acc, row_max, row_sum, scale_log2)
+
+    # Tree block: node j's key is at prefix + j; row i sees it iff bit j of
+    # its mask row is set (bit 31 reads back from a negative int32 as well).
+    if split == num_splits - 1:
+        mask_rows_ptr = tree_mask_ptr + request * stride_mask_b + node.to(tl.int64) * stride_mask_n
+        for tile_start in range(0, max_nodes, BLOCK_N):
+            tree_index = tile_start + keys
+            in_range = tree_index < max_nodes
+            k, v, stored = _load_keys(k_head_ptr, v_head_ptr, table_row_ptr, prefix + tree_index, in_range,
+                                      num_blocks, max_blocks, block_size_log2, stride_table_m, stride_k_block,
+                                      stride_k_slot, stride_v_block, stride_v_slot, HEAD_DIM, FLOAT32_TILES)
+            words = tl.load(mask_rows_ptr[:, None] + (tree_index // 32)[None, :],
+                            mask=live[:, None] & in_range[None, :], other=0)
+            ancestor = ((words >> (tree_index % 32)[None, :]) & 1) != 0
+            visible = live[:, None] & stored[None, :] & ancestor
+            acc, row_max, row_sum = _online_softmax_step(q, k, v, visible, acc, row_max, row_sum, scale_log2)
+
+    # out and the partial states are the launcher's contiguous buffers,
+    # indexed by (request, node, query head) row.
+    row_offsets = (request * max_nodes + node) * num_q_heads + head
+    if SPLIT:
+        partial = row_offsets * num_splits + split
+        tl.store(partial_acc_ptr + partial[:, None] * HEAD_DIM + dims[None, :], acc, mask=in_tree[:, None])
+        tl.store(partial_max_ptr + partial, row_max, mask=in_tree)
+        tl.store(partial_sum_ptr + partial, row_sum, mask=in_tree)
+    else:
+        out = acc * _inverse_or_zero(row_sum)[:, None]
+        tl.store(out_ptr + row_offsets[:, None] * HEAD_DIM + dims[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=in_tree[:, None])
+
+
+@triton.jit
+def _tree_attention_merge_kernel(out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr, num_splits,
+                                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One program per (request, node, query head) row: combine its ``num_splits`` partial states.
+
+    Split ``s``'s output is ``acc_s / sum_s`` with weights ``2^(max_s - M) sum_s``
+    (``M`` the largest ``max_s``); splits that saw nothing have ``max_s = -inf``
+    and weight 0, and a row no split saw is zero.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    splits = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, HEAD_DIM)
+    in_range = splits < num_splits
+    partial = row * num_splits + splits
+    split_max = tl.load(partial_max_ptr + partial, mask=in_range, other=float("-inf"))
+    split_sum = tl.load(partial_sum_ptr + partial, mask=in_range, other=0.0)
+    acc = tl.load(partial_acc_ptr + partial[:, None] * HEAD_DIM + dims[None, :], mask=in_range[:, None], other=0.0)
+    row_max = tl.max(split_max, 0)
+    weight = tl.exp2(split_max - tl.where(row_max == float("-inf"), 0.0, row_max))
+    total = tl.sum(weight * split_sum, 0)
+    out = tl.sum(weight[:, None] * acc, 0) * _inverse_or_zero(total)
+    tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))

@@ -1,0 +1,125 @@
+"""Launcher for tree_attention's Triton kernels: configuration, outputs, one launch (two with a KV split)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import NamedTuple
+
+import torch
+
+from ._shapes import cdiv, next_power_of_2, unit_last_stride
+
+LOG2_E = 1.4426950408889634
+
+# Row tiles hold (node, query head) pairs. The accumulator is BLOCK_M x D
+# float32 and the query tile BLOCK_M x D: 128 x 128 and 64 x 256 are the
+# largest that python -m specdec_kernels._kernels.aot compiles without
+# spills (registers reported there), with the warps below.
+GPU_MAX_BLOCK_M = {64: 128, 128: 128, 256: 64}
+GPU_BLOCK_N = {64: 64, 128: 64, 256: 32}
+MIN_BLOCK_M = 16  # tl.dot's smallest tile side
+# Splits: about two programs per SM, each split at least this many prefix
+# keys. Both are starting points, not yet measured on hardware.
+PROGRAMS_PER_MULTIPROCESSOR = 2
+GPU_MIN_SPLIT_KEYS = 512
+MAX_SPLITS = 64
+MERGE_NUM_WARPS = 4
+# Interpreter (CPU): programs run one after another, so small key tiles and
+# a pretend 4-program machine make tests cross tiles and splits.
+INTERPRETER_BLOCK_N = 16
+INTERPRETER_PROGRAMS = 4
+INTERPRETER_MIN_SPLIT_KEYS = 32
+
+
+class LaunchConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    row_tiles: int
+    num_splits: int
+    num_warps: int
+
+
+def launch_config(batch_size: int, max_nodes: int, group: int, num_kv_heads: int, head_dim: int, capacity: int,
+                  multiprocessors: int | None) -> LaunchConfig:
+    """How to launch; ``multiprocessors=None`` means the interpreter.
+
+    ``capacity`` is the block table's span in positions (``max_blocks *
+    block_size``), the longest prefix the shapes allow: the split count
+    comes from shapes only, so choosing it reads nothing on the device.
+    """
+    rows = max_nodes * group
+    if multiprocessors is None:
+        max_block_m, block_n = 128, INTERPRETER_BLOCK_N
+        wanted_programs, min_split_keys = INTERPRETER_PROGRAMS, INTERPRETER_MIN_SPLIT_KEYS
+    else:
+        max_block_m, block_n = GPU_MAX_BLOCK_M[head_dim], GPU_BLOCK_N[head_dim]
+        wanted_programs, min_split_keys = PROGRAMS_PER_MULTIPROCESSOR * multiprocessors, GPU_MIN_SPLIT_KEYS
+    block_m = max(MIN_BLOCK_M, min(next_power_of_2(rows), max_block_m))
+    row_tiles = cdiv(rows, block_m)
+    programs = batch_size * num_kv_heads * row_tiles
+    num_splits = max(1, min(cdiv(wanted_programs, programs), cdiv(capacity, min_split_keys), MAX_SPLITS))
+    num_warps = 8 if block_m * head_dim >= 128 * 128 else 4
+    return LaunchConfig(block_m, block_n, row_tiles, num_splits, num_warps)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessor_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale,
+                          num_splits=None):
+    """``out [B, N, Hq, D]``; ``num_splits`` overrides the configuration's (tests use it)."""
+    from .._kernels.tree_attention import _tree_attention_kernel, _tree_attention_merge_kernel
+
+    batch_size, max_nodes, num_q_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    max_blocks = block_tables.shape[1]
+    out = torch.empty((batch_size, max_nodes, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    if block_size & (block_size - 1):
+        raise ValueError(f"tree_attention: the Triton kernel needs a power-of-two block size (k_cache.shape[1]); "
+                         f"got {block_size}")
+    if scale is None:  # a direct torch.ops.specdec call may leave it out
+        scale = head_dim**-0.5
+    device = q.device
+    interpreter = device.type != "cuda"
+    config = launch_config(batch_size, max_nodes, num_q_heads // num_kv_heads, num_kv_heads, head_dim,
+                           max_blocks * block_size, None if interpreter else _multiprocessor_count(device))
+    if num_splits is not None:
+        config = config._replace(num_splits=num_splits)
+    q, k_cache, v_cache, tree_mask = (unit_last_stride(t) for t in (q, k_cache, v_cache, tree_mask))
+    split = config.num_splits > 1
+    partial_rows = batch_size * max_nodes * num_q_heads * config.num_splits if split else 0
+    partial_acc = torch.empty((partial_rows, head_dim), dtype=torch.float32, device=device)
+    partial_max = torch.empty((partial_rows,), dtype=torch.float32, device=device)
+    partial_sum = torch.empty((partial_rows,), dtype=torch.float32, device=device)
+    placeholder = prefix_lens
+    # Triton launches on the current device: make it the tensors' device.
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        _tree_attention_kernel[(batch_size * num_kv_heads * config.row_tiles, config.num_splits)](
+            q, k_cache, v_cache, block_tables, prefix_lens, tree_mask,
+            placeholder if num_nodes is None else num_nodes,
+            out, partial_acc, partial_max, partial_sum,
+            scale * LOG2_E,
+            max_nodes, num_q_heads // num_kv_heads, num_q_heads, num_kv_heads, config.row_tiles, config.num_splits,
+            num_blocks, max_blocks, block_size.bit_length() - 1,
+            q.stride(0), q.stride(1), q.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            block_tables.stride(0), block_tables.stride(1), prefix_lens.stride(0),
+            tree_mask.stride(0), tree_mask.stride(1), 0 if num_nodes is None else num_nodes.stride(0),
+            HAS_NUM_NODES=num_nodes is not None, SPLIT=split, FLOAT32_TILES=interpreter,
+            HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+            num_warps=config.num_warps,
+        )
+        if split:
+            _tree_attention_merge_kernel[(batch_size * max_nodes * num_q_heads,)](
+                out, partial_acc, partial_max, partial_sum, config.num_splits,
+                HEAD_DIM=head_dim, BLOCK_S=next_power_of_2(config.num_splits), num_warps=MERGE_NUM_WARPS,
+            )
+    return out
+
