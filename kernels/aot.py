@@ -67,6 +67,20 @@ COMPACT_KV_SHAPES = (
     (16, 2 * 256, 8, "i64"),
 )
 
+# (batch, tree size, query heads, KV heads, head dim, dtype, block size,
+# context): the issue's sweep corners (one request at 32k splits the
+# context; 32 x 64 nodes x 8 query heads per KV head is four 128-row tiles),
+# every head dimension, GQA and plain multi-head attention.
+TREE_ATTENTION_SHAPES = (
+    (1, 8, 32, 8, 128, "bf16", 16, 32768),
+    (32, 64, 64, 8, 128, "bf16", 16, 8192),
+    (8, 32, 32, 8, 64, "fp16", 256, 1024),
+    (4, 16, 16, 16, 256, "bf16", 8, 4096),
+    (8, 8, 64, 8, 128, "bf16", 32, 8192),
+    (16, 32, 32, 16, 256, "fp16", 128, 1024),
+    (2, 64, 64, 8, 256, "fp16", 64, 32768),
+)
+
 
 def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
     """The ``tt.divisibility = 16`` attributes Triton's JIT gives these arguments (what a real launch compiles).
@@ -239,9 +253,73 @@ def compact_kv_variants():
     return variants
 
 
+def tree_attention_variants():
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_attention configurations.
+
+    A configuration that splits the context also compiles its merge kernel.
+    """
+    from specdec_kernels.launchers.tree_attention import MERGE_NUM_WARPS, NUM_WARPS, launch_config
+
+    from .tree_attention import _tree_attention_kernel, _tree_attention_merge_kernel
+
+    variants = []
+    for batch, tree_size, query_heads, kv_heads, head_dim, dtype, block_size, context in TREE_ATTENTION_SHAPES:
+        group = query_heads // kv_heads
+        max_blocks = -(-context // block_size)
+        config = launch_config(batch, tree_size, group, kv_heads, head_dim, max_blocks * block_size,
+                               H200_MULTIPROCESSORS)
+        signature = {
+            "q_ptr": f"*{dtype}", "k_cache_ptr": f"*{dtype}", "v_cache_ptr": f"*{dtype}",
+            "block_tables_ptr": "*i32", "prefix_lens_ptr": "*i32", "tree_mask_ptr": "*i32", "num_nodes_ptr": "*i32",
+            "out_ptr": f"*{dtype}", "partial_acc_ptr": "*fp32", "partial_max_ptr": "*fp32",
+            "partial_sum_ptr": "*fp32",
+            "scale_log2": "fp32",
+            "max_nodes": "i32", "group": "i32", "num_q_heads": "i32", "num_kv_heads": "i32", "row_tiles": "i32",
+            "num_splits": "i32", "num_blocks": "i32", "max_blocks": "i32", "block_size_log2": "i32",
+            "stride_q_b": "i32", "stride_q_n": "i32", "stride_q_h": "i32",
+            "stride_k_block": "i32", "stride_k_slot": "i32", "stride_k_head": "i32",
+            "stride_v_block": "i32", "stride_v_slot": "i32", "stride_v_head": "i32",
+            "stride_table_b": "i32", "stride_table_m": "i32", "stride_prefix": "i32",
+            "stride_mask_b": "i32", "stride_mask_n": "i32", "stride_num_nodes": "i32",
+        }
+        split = config.num_splits > 1
+        constexprs = {"HAS_NUM_NODES": True, "SPLIT": split, "FLOAT32_TILES": False, "HEAD_DIM": head_dim,
+                      "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
+        signature.update({key: "constexpr" for key in constexprs})
+        name = (f"tree_attention B={batch} N={tree_size} Hq={query_heads} Hkv={kv_heads} D={head_dim} {dtype} "
+                f"tile={config.block_m}x{config.block_n} splits={config.num_splits}")
+        words = -(-tree_size // 32)
+        features = kv_heads * head_dim
+        values = {"max_nodes": tree_size, "group": group, "num_q_heads": query_heads, "num_kv_heads": kv_heads,
+                  "row_tiles": config.row_tiles, "num_splits": config.num_splits, "num_blocks": batch * max_blocks,
+                  "max_blocks": max_blocks, "block_size_log2": block_size.bit_length() - 1,
+                  "stride_q_b": tree_size * query_heads * head_dim, "stride_q_n": query_heads * head_dim,
+                  "stride_q_h": head_dim,
+                  "stride_k_block": block_size * features, "stride_k_slot": features, "stride_k_head": head_dim,
+                  "stride_v_block": block_size * features, "stride_v_slot": features, "stride_v_head": head_dim,
+                  "stride_table_b": max_blocks, "stride_table_m": 1, "stride_prefix": 1,
+                  "stride_mask_b": tree_size * words, "stride_mask_n": words, "stride_num_nodes": 1}
+        attrs = _jit_divisibility(signature, values, _tree_attention_kernel)
+        variants.append((name, _tree_attention_kernel, signature, constexprs, {"num_warps": NUM_WARPS},
+                         attrs))
+        if split:
+            block_s = 1 << (config.num_splits - 1).bit_length()
+            merge_signature = {"out_ptr": f"*{dtype}", "partial_acc_ptr": "*fp32", "partial_max_ptr": "*fp32",
+                               "partial_sum_ptr": "*fp32", "num_splits": "i32"}
+            merge_constexprs = {"HEAD_DIM": head_dim, "BLOCK_S": block_s}
+            merge_signature.update({key: "constexpr" for key in merge_constexprs})
+            merge_attrs = _jit_divisibility(merge_signature, {"num_splits": config.num_splits},
+                                            _tree_attention_merge_kernel)
+            variants.append((f"tree_attention merge D={head_dim} {dtype} splits={config.num_splits}",
+                             _tree_attention_merge_kernel, merge_signature, merge_constexprs,
+                             {"num_warps": MERGE_NUM_WARPS}, merge_attrs))
+    return variants
+
+
 def all_variants():
     """Every compiled variant of every Triton kernel."""
-    return chain_verify_variants() + tree_verify_variants() + build_tree_variants() + compact_kv_variants()
+    return (chain_verify_variants() + tree_verify_variants() + build_tree_variants() + compact_kv_variants()
+            + tree_attention_variants())
 
 
 def _ptxas_path(capability: int) -> str:

@@ -147,8 +147,8 @@ def _tree_attention_kernel(
     # its mask row is set (bit 31 reads back from a negative int32 as well).
     if split == num_splits - 1:
         mask_rows_ptr = tree_mask_ptr + request * stride_mask_b + node.to(tl.int64) * stride_mask_n
-        for tile_start in range(0, max_nodes, BLOCK_N):
-            tree_index = tile_start + keys
+        for tree_start in range(0, max_nodes, BLOCK_N):
+            tree_index = tree_start + keys
             in_range = tree_index < max_nodes
             k, v, stored = _load_keys(k_head_ptr, v_head_ptr, table_row_ptr, prefix + tree_index, in_range,
                                       num_blocks, max_blocks, block_size_log2, stride_table_m, stride_k_block,

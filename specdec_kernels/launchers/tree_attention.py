@@ -12,12 +12,15 @@ from ._shapes import cdiv, next_power_of_2, unit_last_stride
 
 LOG2_E = 1.4426950408889634
 
-# Row tiles hold (node, query head) pairs. The accumulator is BLOCK_M x D
-# float32 and the query tile BLOCK_M x D: 128 x 128 and 64 x 256 are the
-# largest that python -m specdec_kernels._kernels.aot compiles without
-# spills (registers reported there), with the warps below.
+# Row tiles hold (node, query head) pairs; the accumulator and the query
+# tile are BLOCK_M x D. Compiled for sm_90a (Triton 3.9, python -m
+# specdec_kernels._kernels.aot), 128 x 64-key tiles at D = 128 spill 80-112
+# bytes with 8 warps, and 64 x 64 at D = 128 spills 72-80 bytes with 4; with
+# 8 warps, 64-key tiles up to 64 x 128 (rows x D) and 32-key tiles up to
+# 128 x 128 take 150-233 registers without spills (sm_80: up to 255).
+NUM_WARPS = 8
 GPU_MAX_BLOCK_M = {64: 128, 128: 128, 256: 64}
-GPU_BLOCK_N = {64: 64, 128: 64, 256: 32}
+WIDE_KEY_TILE_MAX_ELEMENTS = 64 * 128
 MIN_BLOCK_M = 16  # tl.dot's smallest tile side
 # Splits: about two programs per SM, each split at least this many prefix
 # keys. Both are starting points, not yet measured on hardware.
@@ -37,7 +40,6 @@ class LaunchConfig(NamedTuple):
     block_n: int
     row_tiles: int
     num_splits: int
-    num_warps: int
 
 
 def launch_config(batch_size: int, max_nodes: int, group: int, num_kv_heads: int, head_dim: int, capacity: int,
@@ -53,14 +55,15 @@ def launch_config(batch_size: int, max_nodes: int, group: int, num_kv_heads: int
         max_block_m, block_n = 128, INTERPRETER_BLOCK_N
         wanted_programs, min_split_keys = INTERPRETER_PROGRAMS, INTERPRETER_MIN_SPLIT_KEYS
     else:
-        max_block_m, block_n = GPU_MAX_BLOCK_M[head_dim], GPU_BLOCK_N[head_dim]
+        max_block_m, block_n = GPU_MAX_BLOCK_M[head_dim], None
         wanted_programs, min_split_keys = PROGRAMS_PER_MULTIPROCESSOR * multiprocessors, GPU_MIN_SPLIT_KEYS
     block_m = max(MIN_BLOCK_M, min(next_power_of_2(rows), max_block_m))
+    if block_n is None:
+        block_n = 64 if block_m * head_dim <= WIDE_KEY_TILE_MAX_ELEMENTS else 32
     row_tiles = cdiv(rows, block_m)
     programs = batch_size * num_kv_heads * row_tiles
     num_splits = max(1, min(cdiv(wanted_programs, programs), cdiv(capacity, min_split_keys), MAX_SPLITS))
-    num_warps = 8 if block_m * head_dim >= 128 * 128 else 4
-    return LaunchConfig(block_m, block_n, row_tiles, num_splits, num_warps)
+    return LaunchConfig(block_m, block_n, row_tiles, num_splits)
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,7 +117,7 @@ def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_m
             tree_mask.stride(0), tree_mask.stride(1), 0 if num_nodes is None else num_nodes.stride(0),
             HAS_NUM_NODES=num_nodes is not None, SPLIT=split, FLOAT32_TILES=interpreter,
             HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-            num_warps=config.num_warps,
+            num_warps=NUM_WARPS,
         )
         if split:
             _tree_attention_merge_kernel[(batch_size * max_nodes * num_q_heads,)](
