@@ -65,13 +65,15 @@ def _online_softmax_step(q, k, v, visible, acc, row_max, row_sum, scale_log2):
     A row that has seen no visible key keeps ``row_max = -inf``; its
     exponentials are taken against 0 instead, so they are 0, not NaN.
     """
-    scores = tl.where(visible, tl.dot(q, k) * scale_log2, float("-inf"))
+    # ieee: float32 tiles (the interpreter's, or a float32 cache) are
+    # multiplied exactly rather than in TF32; 16-bit tiles ignore it.
+    scores = tl.where(visible, tl.dot(q, k, input_precision="ieee") * scale_log2, float("-inf"))
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
     weights = tl.exp2(scores - safe_max[:, None])
     rescale = tl.exp2(row_max - safe_max)
     row_sum = row_sum * rescale + tl.sum(weights, 1)
-    acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+    acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision="ieee")
     return acc, new_max, row_sum
 
 

@@ -73,7 +73,10 @@ def _multiprocessor_count(device: torch.device) -> int:
 
 def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale,
                           num_splits=None):
-    """``out [B, N, Hq, D]``; ``num_splits`` overrides the configuration's (tests use it)."""
+    """``out [B, N, Hq, D]``; ``num_splits`` overrides the configuration's (tests use it).
+
+    The op has checked shapes and dtypes, and that the block size is a power of two.
+    """
     from .._kernels.tree_attention import _tree_attention_kernel, _tree_attention_merge_kernel
 
     batch_size, max_nodes, num_q_heads, head_dim = q.shape
@@ -82,9 +85,6 @@ def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_m
     out = torch.empty((batch_size, max_nodes, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
-    if block_size & (block_size - 1):
-        raise ValueError(f"tree_attention: the Triton kernel needs a power-of-two block size (k_cache.shape[1]); "
-                         f"got {block_size}")
     if scale is None:  # a direct torch.ops.specdec call may leave it out
         scale = head_dim**-0.5
     device = q.device
