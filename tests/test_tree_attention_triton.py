@@ -127,3 +127,19 @@ def test_rejects_a_block_size_that_is_not_a_power_of_two(device):
     with pytest.raises(ValueError, match="power-of-two block size"):
         sk.tree_attention(q, cache, cache, tables, lens, mask, backend="triton")
     assert sk.tree_attention(q, cache, cache, tables, lens, mask, backend="reference").shape == q.shape
+
+
+def test_positions_past_the_table_are_never_read(device):
+    """The table is a column slice of a wider one whose next columns hold
+    valid block ids: positions past the slice must stay invisible."""
+    generator = torch.Generator().manual_seed(13)
+    prefix_lens = torch.tensor([30, 12], dtype=torch.int32)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, 2, 10, 4, 2, 64, torch.float16, 8, prefix_lens
+    )
+    narrow = block_tables[:, :3]  # 24 positions: request 0's prefix is cut, request 1's nodes from 12 on
+    tree_bits = ancestor_bits(generator, 2, 10)
+    inputs = (q, k_cache, v_cache, narrow, prefix_lens)
+    out, _ = check_against_float64(inputs, tree_bits, num_nodes, 0.125, "triton", device)
+    against_reference(out, (q, k_cache, v_cache, narrow.contiguous(), prefix_lens), pack_bits(tree_bits), num_nodes,
+                      0.125, device)
