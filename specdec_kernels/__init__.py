@@ -13,6 +13,7 @@ from .ops.compact_kv import compact_kv
 from .ops.tree_attention import tree_attention
 from .ops.tree_verify import tree_verify
 from .ops.workspace import reserve_workspace
+from .tree_mask import tree_mask_dense, tree_mask_flashinfer
 
 __version__ = "0.1.0"
 
@@ -24,5 +25,7 @@ __all__ = [
     "cuda_extension_available",
     "reserve_workspace",
     "tree_attention",
+    "tree_mask_dense",
+    "tree_mask_flashinfer",
     "tree_verify",
 ]
