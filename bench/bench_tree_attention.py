@@ -1,9 +1,17 @@
-"""Benchmark of ``sk.tree_attention``: reference, Triton, CUDA (the backends that exist).
+"""Benchmark of ``sk.tree_attention``: reference, Triton, CUDA (the backends that exist), and peers.
 
-Sweep (GPU): B in {1, 8, 64, 256}, tree size N in {16, 64}, prefix P in
-{1024, 4096}, Hq = 32, Hkv = 8, D = 128, bfloat16, block size 16;
-``--quick``: N = 64, P = 2048. On a CPU: Hq = 8, Hkv = 2, D = 64, short
-prefixes, reference only.
+Sweep (GPU, issue 9): B in {1, 8, 32}, tree size N in {8, 32, 64}, prefix
+P in {1024, 8192, 32768}, (Hq, Hkv) in {(32, 8), (64, 8)}, D = 128,
+bfloat16, block size 16; ``--quick``: B in {1, 32}, N = 64, P = 8192,
+(32, 8). On a CPU: Hq = 8, Hkv = 2, D = 64, short prefixes, reference and
+SDPA only.
+
+Peers: ``sdpa`` (PyTorch's scaled_dot_product_attention on the cache
+gathered densely, with the dense mask from ``sk.tree_mask_dense``; the
+gather and the mask are built with the inputs, not timed) and, when
+installed on a GPU, ``flashinfer`` (``BatchPrefillWithPagedKVCacheWrapper``
+on the same paged cache with the packed mask from
+``sk.tree_mask_flashinfer``; planned with the inputs, not timed).
 
 Inputs: a breadth-first tree (``harness.branching_tree``), its mask from
 ``sk.build_tree``, a paged cache whose blocks are shuffled across requests.
@@ -28,31 +36,46 @@ from specdec_kernels.reference import build_tree as reference_build_tree
 
 OP = "tree_attention"
 BATCH_KEY = "B"
-SERIES_KEYS = ("N",)
+SERIES_KEYS = ("N", "P", "Hq")
 BLOCK_SIZE = 16
 NOTES = [
     "min_bytes: q + out + K/V of the P + N positions each request sees + block-table entries + mask + "
     "prefix_lens (input-independent).",
     "matches_reference: relative L2 error against the reference below 1e-2 (bfloat16).",
+    "sdpa: dense K/V gathered and the dense mask built with the inputs (not timed); flashinfer: planned with the "
+    "inputs (not timed), eager timing only (its wrapper is not planned for CUDA graphs).",
 ]
+FLASHINFER_WORKSPACE_BYTES = 128 << 20
 
 
 def configs(settings: harness.Settings) -> list[dict]:
-    heads = dict(Hq=32, Hkv=8, D=128) if settings.is_cuda else dict(Hq=8, Hkv=2, D=64)
     if settings.tiny:
-        sizes, heads = itertools.product((1, 2), (8,), (64,)), dict(Hq=4, Hkv=2, D=64)
-    elif not settings.is_cuda:
+        return [dict(B=b, N=8, P=64, Hq=4, Hkv=2, D=64) for b in (1, 2)]
+    if not settings.is_cuda:
         sizes = itertools.product((1, 4), (16,), (512,)) if settings.quick else \
             itertools.product((1, 4, 16), (16,), (512, 2048))
-    elif settings.quick:
-        sizes = itertools.product((1, 8, 64, 256), (64,), (2048,))
+        return [dict(B=b, N=n, P=p, Hq=8, Hkv=2, D=64) for b, n, p in sizes]
+    if settings.quick:
+        sizes, heads = itertools.product((1, 32), (64,), (8192,)), ((32, 8),)
     else:
-        sizes = itertools.product((1, 8, 64, 256), (16, 64), (1024, 4096))
-    return [dict(B=b, N=n, P=p, **heads) for b, n, p in sizes]
+        sizes, heads = itertools.product((1, 8, 32), (8, 32, 64), (1024, 8192, 32768)), ((32, 8), (64, 8))
+    return [dict(B=b, N=n, P=p, Hq=hq, Hkv=hkv, D=128) for (b, n, p), (hq, hkv) in itertools.product(sizes, heads)]
+
+
+def _flashinfer():
+    try:
+        import flashinfer
+
+        return flashinfer
+    except Exception:
+        return None
 
 
 def providers(settings: harness.Settings) -> list[str]:
-    return harness.backend_providers(OP, settings)
+    names = harness.backend_providers(OP, settings) + ["sdpa"]
+    if settings.is_cuda and _flashinfer() is not None:
+        names.append("flashinfer")
+    return names
 
 
 class Case:
@@ -66,6 +89,8 @@ class Case:
         mask, depth, _ = reference_build_tree.build_tree(parents)
         self.mask = mask.expand(self.batch, -1, -1).contiguous().to(self.device)
         self.depth_sum = int(depth.sum()) + self.nodes  # visible tree keys summed over nodes
+        self.peers = [name for name in providers(settings) if name in ("sdpa", "flashinfer")
+                      and (settings.providers is None or name in settings.providers)]
 
     def make_inputs(self, index: int) -> dict:
         generator = torch.Generator(self.device).manual_seed(4000 + index)
@@ -77,18 +102,64 @@ class Case:
         q = torch.randn((self.batch, self.nodes, self.query_heads, self.head_dim), generator=generator,
                         device=self.device).to(self.dtype)
         prefix_lens = torch.full((self.batch,), self.prefix, dtype=torch.int32, device=self.device)
-        return {"q": q, "k_cache": k_cache, "v_cache": v_cache,
-                "block_tables": tables.view(self.batch, self.blocks_per_request), "prefix_lens": prefix_lens}
+        inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache,
+                  "block_tables": tables.view(self.batch, self.blocks_per_request), "prefix_lens": prefix_lens}
+        if "sdpa" in self.peers:
+            inputs.update(self._dense_inputs(inputs))
+        if "flashinfer" in self.peers:
+            inputs["flashinfer"] = self._flashinfer_wrapper(inputs)
+        return inputs
+
+    def _dense_inputs(self, inputs: dict) -> dict:
+        """K/V ``[B, Hkv, P + N, D]`` read through the block table, and the ``[B, 1, N, P + N]`` mask."""
+        length = self.prefix + self.nodes
+        positions = torch.arange(length, device=self.device)
+        blocks = inputs["block_tables"].long()[:, positions // BLOCK_SIZE]
+        slots = (positions % BLOCK_SIZE).expand(self.batch, -1)
+        visible = torch.cat([torch.ones(self.batch, self.nodes, self.prefix, dtype=torch.bool, device=self.device),
+                             sk.tree_mask_dense(self.mask)], 2)
+        return {"dense_k": inputs["k_cache"][blocks, slots].transpose(1, 2).contiguous(),
+                "dense_v": inputs["v_cache"][blocks, slots].transpose(1, 2).contiguous(),
+                "dense_mask": visible[:, None]}
+
+    def _flashinfer_wrapper(self, inputs: dict):
+        """FlashInfer's paged prefill planned on this set's block table: request ``b`` has ``N`` query rows and
+        ``P + N`` keys (its blocks in table order), with the tree's packed custom mask."""
+        flashinfer = _flashinfer()
+        length = self.prefix + self.nodes
+        int32 = dict(dtype=torch.int32, device=self.device)
+        workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        packed_mask, _ = sk.tree_mask_flashinfer(self.mask, inputs["prefix_lens"])
+        wrapper.plan(
+            torch.arange(self.batch + 1, **int32) * self.nodes,
+            torch.arange(self.batch + 1, **int32) * self.blocks_per_request,
+            inputs["block_tables"].flatten(),
+            torch.full((self.batch,), length - (self.blocks_per_request - 1) * BLOCK_SIZE, **int32),
+            self.query_heads, self.kv_heads, self.head_dim, BLOCK_SIZE,
+            packed_custom_mask=packed_mask, q_data_type=self.dtype, kv_data_type=self.dtype,
+        )
+        return wrapper
 
     def graph_skip_reason(self, provider: str) -> str | None:
         if provider == "reference":
             return "not capturable: the reference reads prefix_lens.max() on the host"
+        if provider == "flashinfer":
+            return "not capturable: the wrapper is planned without use_cuda_graph"
         return None
 
     def set_bytes(self, inputs: dict) -> int:
-        return sum(t.numel() * t.element_size() for t in inputs.values())
+        return sum(t.numel() * t.element_size() for t in inputs.values() if isinstance(t, torch.Tensor))
 
     def call(self, provider: str, inputs: dict):
+        if provider == "sdpa":
+            out = torch.nn.functional.scaled_dot_product_attention(
+                inputs["q"].transpose(1, 2), inputs["dense_k"], inputs["dense_v"], attn_mask=inputs["dense_mask"],
+                enable_gqa=True)
+            return out.transpose(1, 2)
+        if provider == "flashinfer":
+            out = inputs["flashinfer"].run(inputs["q"].flatten(0, 1), (inputs["k_cache"], inputs["v_cache"]))
+            return out.view(inputs["q"].shape)
         return sk.tree_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["block_tables"],
                                  inputs["prefix_lens"], self.mask, backend=provider)
 
