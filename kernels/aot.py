@@ -68,16 +68,17 @@ COMPACT_KV_SHAPES = (
 )
 
 # (batch, tree size, query heads, KV heads, head dim, dtype, block size,
-# context): the sweep corners (one request at 32k splits the
-# context; 32 x 64 nodes x 8 query heads per KV head is four 128-row tiles),
-# every head dimension, GQA and plain multi-head attention.
+# context): one shape per tile the launcher picks (rows x keys: 32x64,
+# 64x64, 128x32 at D = 128; 128x64 at D = 64; 16x64, 64x32 at D = 256), with
+# the sweep corners among them (one request at 32k splits the
+# context; 32 requests of 64 nodes, 8 query heads per KV head, fill four
+# 128-row tiles and do not split) and plain multi-head attention.
 TREE_ATTENTION_SHAPES = (
     (1, 8, 32, 8, 128, "bf16", 16, 32768),
     (32, 64, 64, 8, 128, "bf16", 16, 8192),
     (8, 32, 32, 8, 64, "fp16", 256, 1024),
     (4, 16, 16, 16, 256, "bf16", 8, 4096),
     (8, 8, 64, 8, 128, "bf16", 32, 8192),
-    (16, 32, 32, 16, 256, "fp16", 128, 1024),
     (2, 64, 64, 8, 256, "fp16", 64, 32768),
 )
 
