@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import NamedTuple
 
 import torch
 
 from .. import _workspace
 from ._shapes import cdiv, next_power_of_2, unit_last_stride
+from ._shapes import multiprocessor_count as _multiprocessor_count  # a module name: tests patch it
 
 CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py); a program's slice is whole chunks
 
@@ -124,11 +124,6 @@ def split_words(value: int) -> tuple[int, int]:
     """
     low, high = value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF
     return low - (1 << 32) * (low >> 31), high - (1 << 32) * (high >> 31)
-
-
-@functools.lru_cache(maxsize=None)
-def _multiprocessor_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import NamedTuple
 
 import torch
 
-from ._shapes import cdiv, next_power_of_2, unit_last_stride
+from ._shapes import cdiv, multiprocessor_count, next_power_of_2, unit_last_stride
 
 LOG2_E = 1.4426950408889634
 
@@ -66,11 +65,6 @@ def launch_config(batch_size: int, max_nodes: int, group: int, num_kv_heads: int
     return LaunchConfig(block_m, block_n, row_tiles, num_splits)
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessor_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale,
                           num_splits=None):
     """``out [B, N, Hq, D]``; ``num_splits`` overrides the configuration's (tests use it).
@@ -90,7 +84,7 @@ def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_m
     device = q.device
     interpreter = device.type != "cuda"
     config = launch_config(batch_size, max_nodes, num_q_heads // num_kv_heads, num_kv_heads, head_dim,
-                           max_blocks * block_size, None if interpreter else _multiprocessor_count(device))
+                           max_blocks * block_size, None if interpreter else multiprocessor_count(device))
     if num_splits is not None:
         config = config._replace(num_splits=num_splits)
     q, k_cache, v_cache, tree_mask = (unit_last_stride(t) for t in (q, k_cache, v_cache, tree_mask))
