@@ -145,6 +145,27 @@ def test_positions_past_the_table_are_never_read(device):
                       0.125, device)
 
 
+@pytest.mark.parametrize("prefixes,counts,num_blocks,max_blocks", [
+    ([-2, -10], None, 6, 3),  # negative prefixes: tree nodes before position 0 are invisible
+    ([3, 4], [0, 9], 6, 3),  # counts outside [1, N]
+    ([2**31 - 1, 7], None, 6, 3),  # a prefix far past the table
+    ([3, 4], None, 0, 3),  # an empty cache
+    ([3, 4], None, 6, 0),  # an empty table
+])
+def test_values_outside_the_contract_have_the_reference_outcome(prefixes, counts, num_blocks, max_blocks, device):
+    generator = torch.Generator().manual_seed(19)
+    q = torch.randn(2, 5, 4, 64, generator=generator).half()
+    k_cache, v_cache = torch.randn(2, 6, 8, 2, 64, generator=generator).half()[:, :num_blocks]
+    tables = torch.arange(6, dtype=torch.int32).view(2, 3)[:, :max_blocks]
+    mask = sk.build_tree(torch.tensor([[-1, 0, 0, 1, 2]] * 2, dtype=torch.int32)).mask
+    num_nodes = None if counts is None else torch.tensor(counts, dtype=torch.int32)
+    tensors = [t.to(device) for t in (q, k_cache, v_cache, tables, torch.tensor(prefixes, dtype=torch.int32), mask)]
+    out = sk.tree_attention(*tensors, num_nodes=None if num_nodes is None else num_nodes.to(device),
+                            backend="triton").cpu()
+    against_reference(out, (q, k_cache, v_cache, tables, torch.tensor(prefixes, dtype=torch.int32)), mask,
+                      num_nodes, None, device)
+
+
 def test_captured_in_a_cuda_graph_with_a_split(device):
     """No host read on the Triton path: one request over a long prefix (it
     splits, so both launches are captured) is replayed with new prefix
