@@ -1,4 +1,13 @@
-"""Launcher for tree_attention's Triton kernels: configuration, outputs, one launch (two with a KV split)."""
+"""Launcher for tree_attention's Triton kernels: configuration, outputs, one launch (two with a KV split).
+
+A split context is merged by a second, small launch rather than by the last
+split program to finish: that needs no arrival counters kept at zero between
+calls (so no persistent workspace, nothing to reserve before CUDA-graph
+capture) and merges the splits in a fixed order. Its cost, one more launch
+and the partial states (``B * N * Hq * splits * (D + 2)`` floats written
+and read once), has not been measured against the one-launch form: no GPU
+was available.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +25,8 @@ LOG2_E = 1.4426950408889634
 # specdec_kernels._kernels.aot), 128 x 64-key tiles at D = 128 spill 80-112
 # bytes with 8 warps, and 64 x 64 at D = 128 spills 72-80 bytes with 4; with
 # 8 warps, 64-key tiles up to 64 x 128 (rows x D) and 32-key tiles up to
-# 128 x 128 take 150-233 registers without spills (sm_80: up to 255).
+# 128 x 128 take 150-233 registers on sm_90a and 128-255 on sm_80, without
+# spills.
 NUM_WARPS = 8
 GPU_MAX_BLOCK_M = {64: 128, 128: 128, 256: 64}
 WIDE_KEY_TILE_MAX_ELEMENTS = 64 * 128
