@@ -6,7 +6,9 @@ request whose query heads share the KV head, node-major: row ``r`` is node
 ``r // group``, query head ``kv_head * group + r % group``. So every K/V
 tile a program loads serves all its nodes and query heads at once; when
 ``N * group`` fits one row tile (``launchers/tree_attention.py``) the cache
-is streamed once per request and KV head.
+is streamed once per request and KV head. Above that each row tile streams
+it; the row tiles of a (request, KV head) are consecutive program ids, so
+they are scheduled together and can share it through L2 (not yet measured).
 
 Keys come in two ranges. The prefix (positions ``< prefix_lens[b]``) is
 visible to every live node: no mask bit is read there. Split ``s`` of ``S``
