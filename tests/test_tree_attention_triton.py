@@ -166,6 +166,29 @@ def test_values_outside_the_contract_have_the_reference_outcome(prefixes, counts
                       num_nodes, None, device)
 
 
+def test_reads_no_tensor_value_on_the_host(device, monkeypatch):
+    """Everything before the launch uses shapes only: with every way of
+    reading a tensor's value on the host disabled, the Triton path still runs
+    (the reference, which reads ``prefix_lens.max()``, would not), on a
+    shape that splits."""
+    generator = torch.Generator().manual_seed(23)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, 1, 3, 4, 2, 64, torch.float16, 16, torch.tensor([40], dtype=torch.int32)
+    )
+    tree_mask = pack_bits(ancestor_bits(generator, 1, 3))
+    tensors = [t.to(device) for t in (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask)]
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a tensor value was read on the host")
+
+    for name in ("item", "tolist", "__int__", "__float__", "__bool__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    out = sk.tree_attention(*tensors, num_nodes=num_nodes.to(device), backend="triton")
+    monkeypatch.undo()
+    against_reference(out.cpu(), (q, k_cache, v_cache, block_tables, prefix_lens), tree_mask, num_nodes, None,
+                      device)
+
+
 def test_captured_in_a_cuda_graph_with_a_split(device):
     """No host read on the Triton path: one request over a long prefix (it
     splits, so both launches are captured) is replayed with new prefix
