@@ -85,6 +85,67 @@ IndexTensor index_tensor(const at::Tensor& tensor) {
   return index;
 }
 
+// An optional per-request vector: `dtype`, shape [B], on the device of `target`.
+void check_batch_vector(const std::optional<at::Tensor>& tensor, const char* op, const char* name,
+                        at::ScalarType dtype, int64_t batch_size, const at::Tensor& target) {
+  if (!tensor.has_value()) return;
+  check_dtype(*tensor, op, name, dtype);
+  TORCH_CHECK_VALUE(tensor->dim() == 1 && tensor->size(0) == batch_size, "specdec_C::", op, ": `", name,
+                    "` must have shape [B] = [", batch_size, "], got ", tensor->sizes());
+  check_same_device(*tensor, op, name, target, "target");
+}
+
+// seed int64 [B] and offset int64 [] or [B] of a verification op, when given.
+void check_random_state(const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+                        const char* op, int64_t batch_size, const at::Tensor& target) {
+  check_batch_vector(seed, op, "seed", at::kLong, batch_size, target);
+  if (!offset.has_value()) return;
+  check_dtype(*offset, op, "offset", at::kLong);
+  TORCH_CHECK_VALUE(offset->dim() == 0 || (offset->dim() == 1 && offset->size(0) == batch_size), "specdec_C::", op,
+                    ": `offset` must have shape [] or [B] = [", batch_size, "], got ", offset->sizes());
+  check_same_device(*offset, op, "offset", target, "target");
+}
+
+std::optional<at::Tensor> contiguous_or_none(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() ? std::optional<at::Tensor>(tensor->contiguous()) : std::nullopt;
+}
+
+// The int32 outputs of a verification op: `rows` [B, W] with a contiguous
+// last dim (`shape` names it, e.g. "[B, N]") and `counts` [B] contiguous.
+void check_token_rows(const at::Tensor& rows, const char* op, const char* name, const char* shape, int64_t batch_size,
+                      int64_t width, const at::Tensor& target) {
+  check_dtype(rows, op, name, at::kInt);
+  TORCH_CHECK_VALUE(rows.dim() == 2 && rows.size(0) == batch_size && rows.size(1) == width &&
+                        (rows.stride(1) == 1 || width == 1),
+                    "specdec_C::", op, ": `", name, "` must have shape ", shape, " = [", batch_size, ", ", width,
+                    "] with a contiguous last dim, got ", rows.sizes(), " with strides ", rows.strides());
+  check_same_device(rows, op, name, target, "target");
+}
+
+void check_counts_output(const at::Tensor& counts, const char* op, const char* name, int64_t batch_size,
+                         const at::Tensor& target) {
+  check_dtype(counts, op, name, at::kInt);
+  TORCH_CHECK_VALUE(counts.dim() == 1 && counts.size(0) == batch_size && (counts.stride(0) == 1 || batch_size <= 1),
+                    "specdec_C::", op, ": `", name, "` must be a contiguous [B] = [", batch_size, "] tensor, got ",
+                    counts.sizes());
+  check_same_device(counts, op, name, target, "target");
+}
+
+// RngArgs pointing into `seed` and `offset`, which must be contiguous and
+// outlive the args.
+RngArgs rng_args_of(const std::optional<at::Tensor>& seed, int64_t seed_value,
+                    const std::optional<at::Tensor>& offset, int64_t offset_value) {
+  RngArgs args;
+  args.seed_value = seed_value;
+  args.offset_value = offset_value;
+  if (seed.has_value()) args.seed_ptr = seed->data_ptr<int64_t>();
+  if (offset.has_value()) {
+    args.offset_ptr = offset->data_ptr<int64_t>();
+    args.offset_per_request = offset->dim() == 1;
+  }
+  return args;
+}
+
 // ---------------------------------------------------------------------------
 // rng_fill: Philox words and uniforms of a block of counters.
 
@@ -137,17 +198,9 @@ RngFillInputs prepare_rng_fill(const std::optional<at::Tensor>& seed, int64_t se
                                const at::Tensor& positions) {
   RngFillInputs inputs;
   inputs.positions = positions.contiguous();
-  inputs.args.seed_value = seed_value;
-  inputs.args.offset_value = offset_value;
-  if (seed.has_value()) {
-    inputs.seed = seed->contiguous();
-    inputs.args.seed_ptr = inputs.seed->data_ptr<int64_t>();
-  }
-  if (offset.has_value()) {
-    inputs.offset = offset->contiguous();
-    inputs.args.offset_ptr = inputs.offset->data_ptr<int64_t>();
-    inputs.args.offset_per_request = offset->dim() == 1;
-  }
+  inputs.seed = contiguous_or_none(seed);
+  inputs.offset = contiguous_or_none(offset);
+  inputs.args = rng_args_of(inputs.seed, seed_value, inputs.offset, offset_value);
   return inputs;
 }
 
@@ -213,10 +266,8 @@ bool is_probability_dtype(at::ScalarType dtype) {
 
 void check_chain_verify_args(const ChainVerifyTensors& t) {
   constexpr const char* op = "chain_verify";
-  const c10::Device device = t.target.device();
   const auto same_device = [&](const at::Tensor& tensor, const char* name) {
-    TORCH_CHECK_VALUE(tensor.device() == device, "specdec_C::chain_verify: `", name, "` must be on ", device,
-                      " (the device of `target`), got ", tensor.device());
+    check_same_device(tensor, op, name, t.target, "target");
   };
   TORCH_CHECK_TYPE(is_probability_dtype(t.target.scalar_type()),
                    "specdec_C::chain_verify: `target` must be Float, BFloat16 or Half, got ", t.target.scalar_type());
@@ -249,23 +300,9 @@ void check_chain_verify_args(const ChainVerifyTensors& t) {
                       ", ", vocab_size, "], got ", t.draft->sizes());
     same_device(*t.draft, "draft");
   }
-  const auto check_vector = [&](const std::optional<at::Tensor>& tensor, const char* name, at::ScalarType dtype) {
-    if (!tensor.has_value()) return;
-    check_dtype(*tensor, op, name, dtype);
-    TORCH_CHECK_VALUE(tensor->dim() == 1 && tensor->size(0) == batch_size, "specdec_C::chain_verify: `", name,
-                      "` must have shape [B] = [", batch_size, "], got ", tensor->sizes());
-    same_device(*tensor, name);
-  };
-  check_vector(t.num_draft_tokens, "num_draft_tokens", at::kInt);
-  check_vector(t.temperature, "temperature", at::kFloat);
-  check_vector(t.seed, "seed", at::kLong);
-  if (t.offset.has_value()) {
-    check_dtype(*t.offset, op, "offset", at::kLong);
-    TORCH_CHECK_VALUE(t.offset->dim() == 0 || (t.offset->dim() == 1 && t.offset->size(0) == batch_size),
-                      "specdec_C::chain_verify: `offset` must have shape [] or [B] = [", batch_size, "], got ",
-                      t.offset->sizes());
-    same_device(*t.offset, "offset");
-  }
+  check_batch_vector(t.num_draft_tokens, op, "num_draft_tokens", at::kInt, batch_size, t.target);
+  check_batch_vector(t.temperature, op, "temperature", at::kFloat, batch_size, t.target);
+  check_random_state(t.seed, t.offset, op, batch_size, t.target);
 
   const int64_t chunk_words = chain_verify_chunk_words(batch_size, vocab_size);
   check_dtype(t.workspace, op, "workspace", at::kLong);
@@ -280,19 +317,8 @@ void check_chain_verify_args(const ChainVerifyTensors& t) {
                     batch_size + 2, ", got ", t.arrivals.sizes());
   same_device(t.arrivals, "arrivals");
   TORCH_CHECK_VALUE(t.num_splits >= 0, "specdec_C::chain_verify: `num_splits` must be >= 0, got ", t.num_splits);
-  check_dtype(t.output_token_ids, op, "output_token_ids", at::kInt);
-  TORCH_CHECK_VALUE(t.output_token_ids.dim() == 2 && t.output_token_ids.size(0) == batch_size &&
-                        t.output_token_ids.size(1) == max_drafts + 1 &&
-                        (t.output_token_ids.stride(1) == 1 || max_drafts == 0),
-                    "specdec_C::chain_verify: `output_token_ids` must have shape [B, K+1] = [", batch_size, ", ",
-                    max_drafts + 1, "] with a contiguous last dim, got ", t.output_token_ids.sizes());
-  same_device(t.output_token_ids, "output_token_ids");
-  check_dtype(t.num_accepted, op, "num_accepted", at::kInt);
-  TORCH_CHECK_VALUE(t.num_accepted.dim() == 1 && t.num_accepted.size(0) == batch_size &&
-                        (t.num_accepted.stride(0) == 1 || batch_size <= 1),
-                    "specdec_C::chain_verify: `num_accepted` must be a contiguous [B] = [", batch_size,
-                    "] tensor, got ", t.num_accepted.sizes());
-  same_device(t.num_accepted, "num_accepted");
+  check_token_rows(t.output_token_ids, op, "output_token_ids", "[B, K+1]", batch_size, max_drafts + 1, t.target);
+  check_counts_output(t.num_accepted, op, "num_accepted", batch_size, t.target);
 }
 
 // Keeps the converted / contiguous inputs alive as long as the args point into them.
@@ -306,22 +332,23 @@ ProbDtype probability_dtype(at::ScalarType dtype) {
   return dtype == at::kBFloat16 ? ProbDtype::kBFloat16 : (dtype == at::kHalf ? ProbDtype::kFloat16 : ProbDtype::kFloat32);
 }
 
-std::optional<at::Tensor> contiguous_or_none(const std::optional<at::Tensor>& tensor) {
-  return tensor.has_value() ? std::optional<at::Tensor>(tensor->contiguous()) : std::nullopt;
+// target and draft as the kernels read them: unit stride along V and one
+// storage type (mixed dtypes, rare, are widened to float32, which is exact).
+void prepare_distributions(const at::Tensor& target, const std::optional<at::Tensor>& draft, at::Tensor& target_out,
+                           std::optional<at::Tensor>& draft_out) {
+  target_out = target.stride(2) == 1 ? target : target.contiguous();
+  if (draft.has_value()) draft_out = draft->stride(2) == 1 ? *draft : draft->contiguous();
+  if (draft_out.has_value() && draft_out->scalar_type() != target_out.scalar_type()) {
+    target_out = target_out.to(at::kFloat);
+    draft_out = draft_out->to(at::kFloat);
+  }
 }
 
 ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, bool logits, int64_t seed_value,
                                        int64_t offset_value) {
   ChainVerifyInputs inputs;
   inputs.draft_token_ids = t.draft_token_ids;
-  inputs.target = t.target.stride(2) == 1 ? t.target : t.target.contiguous();
-  if (t.draft.has_value()) inputs.draft = t.draft->stride(2) == 1 ? *t.draft : t.draft->contiguous();
-  // The kernel reads target and draft with one storage type; mixed dtypes
-  // (rare) are widened to float32, which is exact.
-  if (inputs.draft.has_value() && inputs.draft->scalar_type() != inputs.target.scalar_type()) {
-    inputs.target = inputs.target.to(at::kFloat);
-    inputs.draft = inputs.draft->to(at::kFloat);
-  }
+  prepare_distributions(t.target, t.draft, inputs.target, inputs.draft);
   inputs.num_draft_tokens = contiguous_or_none(t.num_draft_tokens);
   inputs.temperature = contiguous_or_none(t.temperature);
   inputs.seed = contiguous_or_none(t.seed);
@@ -344,13 +371,7 @@ ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, bool logits,
   if (inputs.num_draft_tokens.has_value()) args.num_draft_tokens = inputs.num_draft_tokens->data_ptr<int32_t>();
   if (inputs.temperature.has_value()) args.temperature = inputs.temperature->data_ptr<float>();
   args.logits = logits;
-  args.rng.seed_value = seed_value;
-  args.rng.offset_value = offset_value;
-  if (inputs.seed.has_value()) args.rng.seed_ptr = inputs.seed->data_ptr<int64_t>();
-  if (inputs.offset.has_value()) {
-    args.rng.offset_ptr = inputs.offset->data_ptr<int64_t>();
-    args.rng.offset_per_request = inputs.offset->dim() == 1;
-  }
+  args.rng = rng_args_of(inputs.seed, seed_value, inputs.offset, offset_value);
   args.output_token_ids = t.output_token_ids.data_ptr<int32_t>();
   args.output_stride_b = t.output_token_ids.stride(0);
   args.num_accepted = t.num_accepted.data_ptr<int32_t>();

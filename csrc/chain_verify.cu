@@ -46,18 +46,7 @@ cudaError_t multiprocessor_count(int* count) {
 // Calls body(Prob{}, Token{}) with the storage types of the call.
 template <class Body>
 void dispatch_dtypes(const ChainVerifyArgs& args, Body&& body) {
-  const bool wide_ids = args.token_dtype == TokenDtype::kInt64;
-  switch (args.prob_dtype) {
-    case ProbDtype::kFloat32:
-      wide_ids ? body(float{}, int64_t{}) : body(float{}, int32_t{});
-      break;
-    case ProbDtype::kBFloat16:
-      wide_ids ? body(BFloat16{}, int64_t{}) : body(BFloat16{}, int32_t{});
-      break;
-    case ProbDtype::kFloat16:
-      wide_ids ? body(Float16{}, int64_t{}) : body(Float16{}, int32_t{});
-      break;
-  }
+  dispatch_storage_types(args.prob_dtype, args.token_dtype, body);
 }
 
 }  // namespace

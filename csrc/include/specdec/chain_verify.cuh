@@ -85,9 +85,6 @@ constexpr int64_t kChainTicketWord = 0;
 constexpr int64_t kChainErrorWord = 1;
 constexpr int64_t kChainFirstArrivalWord = 2;
 
-enum class ProbDtype : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
-enum class TokenDtype : int32_t { kInt32 = 0, kInt64 = 1 };
-
 // Everything a call reads and writes. Tensors are raw pointers; the last dim
 // of target/draft and of the outputs is contiguous.
 struct ChainVerifyArgs {

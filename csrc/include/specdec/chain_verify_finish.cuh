@@ -125,40 +125,6 @@ SPECDEC_HOST_DEVICE Outcome finish_greedy(const Block& block, const Request<Prob
   return {stop, greedy_token(merged_argmax(block, slots, num_splits, stop), logits)};  // every warp, same bits
 }
 
-struct TotalPair {
-  Words128 way0, way1;
-};
-
-struct AddTotalPair {
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE TotalPair operator()(TotalPair a, TotalPair b) const {
-    return {AddWords128()(a.way0, b.way0), AddWords128()(a.way1, b.way1)};
-  }
-};
-
-// The last arrival of a sampled request: the residual's row total (and p's,
-// after a rejection), the fallback to p when the residual has no mass, then
-// the chunk by its prefix and that chunk's candidate; -1 without mass.
-template <class Block>
-SPECDEC_HOST_DEVICE int64_t finish_sampled(const Block& block, const ChunkSlots& slots, int64_t num_chunks,
-                                           bool subtract, const RequestKey& key, uint32_t position) {
-  uint128_t way0 = 0;
-  uint128_t way1 = 0;
-  for (int64_t chunk = block.thread(); chunk < num_chunks; chunk += block.num_threads()) {
-    way0 += static_cast<uint64_t>(block.load_published(slots.total(chunk, 0)));
-    if (subtract) way1 += static_cast<uint64_t>(block.load_published(slots.total(chunk, 1)));
-  }
-  const TotalPair totals = block.block_all_reduce(TotalPair{split128(way0), split128(way1)}, AddTotalPair());
-  const int way = subtract && join128(totals.way0) == 0 ? 1 : 0;
-  const uint128_t total = join128(way == 0 ? totals.way0 : totals.way1);
-  if (total == 0) return -1;
-  const int64_t chunk =
-      choose_chunk(block, num_chunks, total, choice_draw(key, position),
-                   [&](int64_t c) { return static_cast<uint64_t>(block.load_published(slots.total(c, way))); });
-  // chunk >= 0 whenever the totals read are the ones released (exact sums);
-  // the check keeps a broken invariant from reading before the workspace.
-  return chunk < 0 ? -1 : block.load_published(slots.candidate(chunk, way));
-}
-
 template <class Block, class Prob, class Token>
 SPECDEC_HOST_DEVICE void write_outputs(const Block& block, const Request<Prob, Token>& request, int64_t max_drafts,
                                        Outcome outcome, int32_t* output_row, int32_t* num_accepted) {

@@ -7,14 +7,13 @@
 #include <cstdint>
 
 #include "specdec/block.cuh"
+#include "specdec/block_rows.cuh"
 #include "specdec/common.cuh"
 #include "specdec/rng.cuh"
 #include "specdec/sampling.cuh"
 
 namespace specdec {
 namespace chain_verify_detail {
-
-constexpr int kElementsPerStep = 4;  // elements per thread per strided step of the row scans
 
 // Statistics fields of one row in a (request, split) slot.
 constexpr int64_t kArgMaxValue = 0;  // greedy: float max of the slice
@@ -51,18 +50,6 @@ struct Request {
   }
 };
 
-// Per-chunk results of one request: [num_chunks, 3] int64 (chain_verify.cuh).
-struct ChunkSlots {
-  int64_t* base;
-
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t* total(int64_t chunk, int way) const {
-    return base + 3 * chunk + way;
-  }
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t* candidate(int64_t chunk, int way) const {
-    return reinterpret_cast<int32_t*>(base + 3 * chunk + 2) + way;
-  }
-};
-
 // Statistics of one request: [num_splits, K + 1, 4] int32.
 struct StatSlots {
   int32_t* base;
@@ -78,67 +65,6 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float word_as_float(int32_t word) {
 }
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t float_as_word(float value) {
   return static_cast<int32_t>(float_as_bits(value));
-}
-
-// Argmax of values[lo, hi), block-reduced (every thread gets it). Threads
-// read kElementsPerStep elements a step, coalesced.
-template <class Block, class Prob>
-SPECDEC_HOST_DEVICE ArgBest slice_argmax(const Block& block, const Prob* values, int64_t lo, int64_t hi) {
-  const int64_t stride = block.num_threads();
-  ArgBest best = empty_argmax();
-  for (int64_t base = lo + block.thread(); base < hi; base += kElementsPerStep * stride) {
-    float x[kElementsPerStep];
-    SPECDEC_UNROLL
-    for (int j = 0; j < kElementsPerStep; ++j) {
-      const int64_t index = base + j * stride;
-      x[j] = index < hi ? to_float(values[index]) : 0.0f;
-    }
-    SPECDEC_UNROLL
-    for (int j = 0; j < kElementsPerStep; ++j) {
-      const int64_t index = base + j * stride;
-      if (index < hi) best = MaxValue()(best, argmax_candidate(x[j], index));
-    }
-  }
-  return block.block_all_reduce(best, MaxValue());
-}
-
-struct StatsPair {
-  SoftmaxStats target;
-  SoftmaxStats draft;
-};
-
-struct MergeStatsPair {
-  float temperature;
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE StatsPair operator()(StatsPair a, StatsPair b) const {
-    return {MergeStats{temperature}(a.target, b.target), MergeStats{temperature}(a.draft, b.draft)};
-  }
-};
-
-// Softmax statistics of target[lo, hi) and, when `draft` is given, of
-// draft[lo, hi), block-reduced.
-template <class Block, class Prob>
-SPECDEC_HOST_DEVICE StatsPair slice_stats(const Block& block, const Prob* target, const Prob* draft, int64_t lo,
-                                          int64_t hi, float temperature) {
-  const int64_t stride = block.num_threads();
-  StatsPair stats = {empty_stats(), empty_stats()};
-  for (int64_t base = lo + block.thread(); base < hi; base += kElementsPerStep * stride) {
-    float x[kElementsPerStep];
-    float y[kElementsPerStep];
-    SPECDEC_UNROLL
-    for (int j = 0; j < kElementsPerStep; ++j) {
-      const int64_t index = base + j * stride;
-      x[j] = index < hi ? to_float(target[index]) : 0.0f;
-      y[j] = draft != nullptr && index < hi ? to_float(draft[index]) : 0.0f;
-    }
-    SPECDEC_UNROLL
-    for (int j = 0; j < kElementsPerStep; ++j) {
-      if (base + j * stride < hi) {
-        add_to_stats(stats.target, x[j], temperature);
-        if (draft != nullptr) add_to_stats(stats.draft, y[j], temperature);
-      }
-    }
-  }
-  return block.block_all_reduce(stats, MergeStatsPair{temperature});
 }
 
 // Stop position of a sampled request with probability inputs: thread i
@@ -158,110 +84,6 @@ SPECDEC_HOST_DEVICE int64_t decide_probabilities(const Block& block, const Reque
     if (!(valid && accept(uniform, draft_prob, target_prob))) stop = MinInt64()(stop, position);
   }
   return block.block_all_reduce(stop, MinInt64());
-}
-
-// The row the target samples from: row `stop`, minus the draft row (or the
-// one-hot of `stop_token`) when a valid id was rejected there.
-template <class Prob>
-struct SampleRow {
-  const Prob* target;
-  const Prob* draft;   // the rejected draft row, or nullptr (one-hot, or nothing to subtract)
-  int64_t stop_token;  // the rejected id when the draft is one-hot, else -1
-  uint32_t position;   // `stop`, the RNG position
-  bool logits;
-  float temperature;
-  SoftmaxStats target_stats, draft_stats;  // logits only
-};
-
-// values[first, first + kPerThread) as floats, 0 past the vocabulary. On the
-// GPU one vector load (16 bytes of fp32, 8 of bf16/fp16) when the span is
-// whole and aligned, which it is for every full chunk of a row whose start
-// is aligned (first is a multiple of kPerThread).
-template <int kPerThread, class Prob>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_span(const Prob* values, int64_t first, int64_t vocab_size,
-                                                       float (&out)[kPerThread]) {
-#if defined(__CUDA_ARCH__)
-  constexpr int kBytes = static_cast<int>(sizeof(Prob)) * kPerThread;
-  struct alignas(kBytes) Span {
-    Prob value[kPerThread];
-  };
-  if (first + kPerThread <= vocab_size && reinterpret_cast<uintptr_t>(values + first) % kBytes == 0) {
-    const Span span = *reinterpret_cast<const Span*>(values + first);
-    SPECDEC_UNROLL
-    for (int j = 0; j < kPerThread; ++j) out[j] = to_float(span.value[j]);
-    return;
-  }
-#endif
-  SPECDEC_UNROLL
-  for (int j = 0; j < kPerThread; ++j) out[j] = first + j < vocab_size ? to_float(values[first + j]) : 0.0f;
-}
-
-// Samples chunks [chunk_lo, chunk_hi) of the row (sampling.cuh): writes each
-// chunk's totals and candidates. kWays == 2 after a rejection: way 0 the
-// residual, way 1 p (the fallback); kWays == 1: way 0 is p.
-template <int kWays, class Block, class Prob>
-SPECDEC_HOST_DEVICE void sample_slice(const Block& block, const SampleRow<Prob>& row, const RequestKey& key,
-                                      int64_t vocab_size, int64_t chunk_lo, int64_t chunk_hi,
-                                      const ChunkSlots& slots) {
-  constexpr int kPerThread = static_cast<int>(kChunkSize) / Block::kThreads;
-  uint64_t* draws = block.draws();
-  for (int64_t group = chunk_lo; group < chunk_hi; group += block.num_threads()) {
-    // One Philox call per chunk, spread over the threads, ahead of the loop.
-    if (group + block.thread() < chunk_hi) draws[block.thread()] = chunk_draw(key, row.position, group + block.thread());
-    block.sync();
-    const int64_t group_end = group + block.num_threads() < chunk_hi ? group + block.num_threads() : chunk_hi;
-    // The next chunk's span is loaded before this chunk's scan and its
-    // barriers, so two loads per thread are in flight instead of one.
-    const bool with_draft = kWays == 2 && row.draft != nullptr;
-    const int64_t thread_offset = static_cast<int64_t>(block.thread()) * kPerThread;
-    float next_p[kPerThread];
-    float next_q[kPerThread] = {};
-    load_span(row.target, group * kChunkSize + thread_offset, vocab_size, next_p);
-    if (with_draft) load_span(row.draft, group * kChunkSize + thread_offset, vocab_size, next_q);
-    for (int64_t chunk = group; chunk < group_end; ++chunk) {
-      const int64_t first = chunk * kChunkSize + thread_offset;
-      float p[kPerThread];
-      float q[kPerThread];
-      SPECDEC_UNROLL
-      for (int j = 0; j < kPerThread; ++j) {
-        p[j] = next_p[j];
-        q[j] = next_q[j];
-      }
-      if (chunk + 1 < group_end) {
-        load_span(row.target, first + kChunkSize, vocab_size, next_p);
-        if (with_draft) load_span(row.draft, first + kChunkSize, vocab_size, next_q);
-      }
-      uint64_t weights[kWays][kPerThread];
-      SPECDEC_UNROLL
-      for (int j = 0; j < kPerThread; ++j) {
-        const bool inside = first + j < vocab_size;
-        float target_prob = p[j];
-        if (row.logits) target_prob = inside ? softmax_prob(p[j], row.target_stats, row.temperature) : 0.0f;
-        if (kWays == 2) {
-          float draft_prob = q[j];
-          if (row.draft == nullptr) {
-            draft_prob = first + j == row.stop_token ? 1.0f : 0.0f;
-          } else if (row.logits) {
-            draft_prob = inside ? softmax_prob(q[j], row.draft_stats, row.temperature) : 0.0f;
-          }
-          // fixed_point_weight maps p - q <= 0 (and NaN) to 0: max(0, p - q).
-          weights[0][j] = fixed_point_weight(fsub_rn(target_prob, draft_prob));
-          weights[kWays - 1][j] = fixed_point_weight(target_prob);
-        } else {
-          weights[0][j] = fixed_point_weight(target_prob);
-        }
-      }
-      uint64_t totals[kWays];
-      int32_t offsets[kWays];
-      const uint32_t crossings = pick_in_chunk(block, weights, draws[chunk - group], totals, offsets);
-      SPECDEC_UNROLL
-      for (int way = 0; way < kWays; ++way) {
-        if (block.thread() == 0) *slots.total(chunk, way) = static_cast<int64_t>(totals[way]);
-        if ((crossings >> way) & 1u) *slots.candidate(chunk, way) = static_cast<int32_t>(chunk * kChunkSize + offsets[way]);
-      }
-    }
-    block.sync();  // the draws are read up to here
-  }
 }
 
 }  // namespace chain_verify_detail

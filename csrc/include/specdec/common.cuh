@@ -145,4 +145,26 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float to_float(Float16 value) {
 #endif
 }
 
+// The storage type of distributions and of token ids, as the launchers
+// receive them.
+enum class ProbDtype : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+enum class TokenDtype : int32_t { kInt32 = 0, kInt64 = 1 };
+
+// Calls body(Prob{}, Token{}) with the storage types (host side of a launcher).
+template <class Body>
+void dispatch_storage_types(ProbDtype prob_dtype, TokenDtype token_dtype, Body&& body) {
+  const bool wide_ids = token_dtype == TokenDtype::kInt64;
+  switch (prob_dtype) {
+    case ProbDtype::kFloat32:
+      wide_ids ? body(float{}, int64_t{}) : body(float{}, int32_t{});
+      break;
+    case ProbDtype::kBFloat16:
+      wide_ids ? body(BFloat16{}, int64_t{}) : body(BFloat16{}, int32_t{});
+      break;
+    case ProbDtype::kFloat16:
+      wide_ids ? body(Float16{}, int64_t{}) : body(Float16{}, int32_t{});
+      break;
+  }
+}
+
 }  // namespace specdec
