@@ -254,6 +254,23 @@ def test_int32_and_int64_token_ids_agree(backend, device):
     assert_same(*results)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int64_parents_agree_with_int32(backend, device):
+    """int64 parents beyond int32's range are outside [0, i) like any other bad parent."""
+    generator = torch.Generator().manual_seed(7)
+    ids, parents, target, draft, num_nodes, _ = random_problem(generator, 7, 10, 31)
+    wide = parents.to(torch.int64)
+    wide[0, 4], wide[1, 5], wide[2, 6] = 2**40, -(2**40), 2**32  # 2**32 would wrap to 0 in int32
+    narrow = parents.clone()
+    narrow[0, 4], narrow[1, 5], narrow[2, 6] = 2**31 - 1, -(2**31), 2**31 - 1
+    results = [
+        run_tree_verify(ids.to(device), tree_parents.to(device), target.to(device), draft.to(device),
+                        num_nodes=num_nodes.to(device), seed=1, backend=backend)
+        for tree_parents in (wide, narrow)
+    ]
+    assert_same(*results)
+
+
 # ----------------------------------------------------------------------------- special trees and requests
 
 

@@ -1,4 +1,5 @@
-"""Launcher for tree_verify's Triton kernel: configuration, workspace, one launch."""
+"""Launchers for tree_verify: the Triton kernel (configuration, workspace, one launch) and the CUDA extension
+(one block per request, csrc/tree_verify.cu)."""
 
 from __future__ import annotations
 
@@ -120,4 +121,41 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             num_warps=NUM_WARPS, enable_fp_fusion=False,
             **({"maxnreg": MAX_REGISTERS} if device.type == "cuda" else {}),
         )
+    return accepted_nodes, output, num_accepted
+
+
+def cuda_workspace_specs(batch_size: int, vocab_size: int) -> dict[str, tuple[int, torch.dtype]]:
+    """Scratch the CUDA kernel needs for one call, as ``{name: (numel, dtype)}`` for ``_workspace.buffers``.
+
+    ``workspace`` (int64), per request: three words per 1024-token chunk
+    (the final sample's chunk totals and candidates), rounded up to even,
+    then two float32 rows of ``V`` rounded up to 4 (the residual target and
+    proposal after a rejection) — the layout of
+    ``csrc/include/specdec/tree_verify.cuh``. Contents need not be
+    initialised and no call leaves state behind. Non-decreasing in ``B`` and
+    ``V``, so a reservation for the largest sizes serves every smaller call.
+    """
+    slot_words = cdiv(3 * cdiv(vocab_size, CHUNK_SIZE), 2) * 2
+    row_floats = cdiv(vocab_size, 4) * 4
+    return {"tree_verify_cuda.workspace": (batch_size * (slot_words + row_floats), torch.int64)}
+
+
+def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
+                     seed_tensor, seed, offset_tensor, offset):
+    batch_size, max_nodes, vocab_size = target.shape
+    device = target.device
+    accepted_nodes = torch.empty((batch_size, max_nodes), dtype=torch.int32, device=device)
+    output = torch.empty((batch_size, max_nodes), dtype=torch.int32, device=device)
+    num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
+    if batch_size == 0:
+        return accepted_nodes, output, num_accepted
+    if parents.dtype == torch.int64:
+        # The kernel reads int32 parents. Clamping keeps every outcome: a
+        # parent outside [0, i) stays outside it, so its node stays unreachable.
+        parents = parents.clamp(-(2**31), 2**31 - 1).to(torch.int32)
+    (workspace,) = _workspace.buffers(device, cuda_workspace_specs(batch_size, vocab_size)).values()
+    torch.ops.specdec_C.tree_verify(
+        tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
+        seed_tensor, seed, offset_tensor, offset, workspace, accepted_nodes, output, num_accepted,
+    )
     return accepted_nodes, output, num_accepted

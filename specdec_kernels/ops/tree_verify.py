@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
-from ..launchers.tree_verify import triton_tree_verify
+from ..launchers.tree_verify import cuda_tree_verify, triton_tree_verify
 from ..reference import tree_verify as reference
 
 OP_NAME = "tree_verify"
@@ -41,7 +41,7 @@ def tree_verify(
     ----------
     tree_token_ids : Tensor, int32 or int64 ``[B, N]``
         Token of each node; node 0 is the root (last committed token).
-    parents : Tensor, int32 ``[B, N]``
+    parents : Tensor, int32 or int64 ``[B, N]``
         ``parents[b, 0] == -1`` and ``0 <= parents[b, i] < i``. Nodes whose
         parent breaks this are never visited (``validate=True`` raises).
     target : Tensor ``[B, N, V]``
@@ -83,7 +83,7 @@ def tree_verify(
     if max_nodes < 1 or vocab_size < 1:
         check.fail(f"`target` must have shape [B, N, V] with N >= 1 and V >= 1; got {list(target.shape)}")
     check.tensor("tree_token_ids", tree_token_ids, (batch_size, max_nodes), _validation.TOKEN_DTYPES, "[B, N]")
-    check.tensor("parents", parents, (batch_size, max_nodes), (torch.int32,), "[B, N]")
+    check.tensor("parents", parents, (batch_size, max_nodes), _validation.TOKEN_DTYPES, "[B, N]")
     check.optional_tensor("draft", draft, (batch_size, max_nodes, vocab_size), _validation.FLOAT_DTYPES, "[B, N, V]")
     num_nodes = check.counts("num_nodes", num_nodes, batch_size)
     temperature = check.temperature(temperature, batch_size)
@@ -122,4 +122,5 @@ def _fake(tree_token_ids, parents, target, *args):
     )
 
 
-_library.register(OP_NAME, {"reference": _reference, "triton": triton_tree_verify}, _fake)
+_library.register(OP_NAME, {"reference": _reference, "triton": triton_tree_verify, "cuda": cuda_tree_verify},
+                  _fake)

@@ -61,4 +61,6 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
             batch_size, rows_per_request, vocab_size, logits, device))
     if trees and _backend.available("tree_verify", "triton", device):
         specs.update(tree_verify_launchers.triton_workspace_specs(batch_size, vocab_size))
+    if trees and _backend.available("tree_verify", "cuda", device):
+        specs.update(tree_verify_launchers.cuda_workspace_specs(batch_size, vocab_size))
     _workspace.reserve(device, specs, stream=stream, for_capture=for_capture)

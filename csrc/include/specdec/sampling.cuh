@@ -64,6 +64,59 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE uint128_t scale_down(uint64_t r, uint128
   return static_cast<uint128_t>(r) * high + umul64hi(r, low);
 }
 
+// ---------------------------------------------------------------------------
+// The normaliser (reference _sampling.normalise): the row total S = sum W_v
+// as two int64 sums of the weights split at bit 31 (exact in any order),
+// float64(S) = float64(high31) * 2**31 + float64(low31), then one float32
+// reciprocal per row, r = 1 / float32(S) (a float64 division per entry would
+// be a subroutine call on a GPU), and each entry float32(float64(W_v) * r).
+// Every step is one IEEE operation rounded to nearest, on the device and on
+// the host.
+
+constexpr uint64_t kLow31Mask = (uint64_t{1} << 31) - 1;
+
+struct SplitTotal {
+  uint64_t high31;  // sum of W_v >> 31
+  uint64_t low31;   // sum of W_v & (2**31 - 1)
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void add_weight(SplitTotal& total, uint64_t weight) {
+  total.high31 += weight >> 31;
+  total.low31 += weight & kLow31Mask;
+}
+
+struct AddSplitTotals {
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE SplitTotal operator()(SplitTotal a, SplitTotal b) const {
+    return {a.high31 + b.high31, a.low31 + b.low31};
+  }
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool has_mass(SplitTotal total) { return (total.high31 | total.low31) != 0; }
+
+// 1 / float32(float64(S)); 1 when S == 0 (then every W_v is 0). Both halves
+// are below 2**63 (W_v <= 2**52, V <= 2**30).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float total_reciprocal(SplitTotal total) {
+#if defined(__CUDA_ARCH__)
+  const double sum = __dadd_rn(__dmul_rn(__ll2double_rn(static_cast<long long>(total.high31)), 0x1p31),
+                               __ll2double_rn(static_cast<long long>(total.low31)));
+  const float rounded = __double2float_rn(sum);
+#else
+  const double sum = static_cast<double>(static_cast<int64_t>(total.high31)) * 0x1p31 +
+                     static_cast<double>(static_cast<int64_t>(total.low31));
+  const float rounded = static_cast<float>(sum);
+#endif
+  return fdiv_rn(1.0f, rounded > 0.0f ? rounded : 1.0f);
+}
+
+// float32(float64(W) * float64(reciprocal)).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float normalised_weight(uint64_t weight, float reciprocal) {
+#if defined(__CUDA_ARCH__)
+  return __double2float_rn(__dmul_rn(__ull2double_rn(weight), static_cast<double>(reciprocal)));
+#else
+  return static_cast<float>(static_cast<double>(weight) * static_cast<double>(reciprocal));
+#endif
+}
+
 // kWays weight vectors scanned together (the residual and its fallback p
 // share one scan).
 template <int kWays>

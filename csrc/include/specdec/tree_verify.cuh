@@ -1,0 +1,419 @@
+// Fused tree verification (sk.tree_verify): the walk down the draft tree,
+// every acceptance test, the residual updates and the final sample in one
+// launch. specdec_kernels/reference/tree_verify.py is the definition of
+// correct (its docstring states the decision rule); with probability inputs
+// the outputs equal it bit for bit.
+//
+// Design
+// ------
+// Grid: one block of 256 threads per request, which walks its tree from the
+// root. The children of the current node c are the nodes i with
+// parents[i] == c, c < i < n (n = num_nodes clamped to [1, N]) and a token
+// in [0, V), tried in increasing index: the next one after the last tried is
+// a block-wide min over tiles of 256 nodes, so a search reads each parent
+// once per current node, never a serial scan.
+//
+// Acceptance (sampled requests): u * q(t) < p(t) in float32, u from the
+// acceptance stream at position = child, q one-hot without a draft; greedy
+// requests (T == 0) accept t iff it is the argmax of the current node's raw
+// target row. On acceptance p and q become the child's input rows. On a
+// rejection the block makes two passes over the vocabulary:
+//   1. the exact integer totals (sampling.cuh, "the normaliser") of the
+//      residual max(0, p - q), of p (its fallback when the residual has no
+//      mass) and, without replacement with a draft, of q with q(t) = 0;
+//   2. the normalised rows, float32, into the request's workspace row pair.
+// Each thread reads and writes the same elements in both passes, so the rows
+// are updated in place; a barrier separates a pass's writes from the next
+// acceptance test. Rows live in the inputs until the first rejection at a
+// node, in the workspace after it; only nodes on the accepted path whose
+// children are tried, and the final node, read a full row.
+//
+// The emitted token: greedy, the argmax of the final node's raw target row;
+// sampled, the fixed-point sample (block_rows.cuh) of the current p at
+// position = the final node, each chunk's total and candidate kept in the
+// workspace until the 128-bit chunk choice.
+//
+// Logits: p = softmax(x / T) from the row's statistics (max and sum,
+// gathered online by the block the first time the node needs them), so
+// tokens may differ from the reference's near a tie; probabilities are exact.
+//
+// Workspace, int64 words per request, contents need not be initialised:
+//   3 * ceil(V / 1024) rounded up to even: per chunk the total and the
+//     candidate of the final sample (ChunkSlots);
+//   then two float32 rows of round_up(V, 4) entries: the residual target p,
+//     then the proposal q. Rows start 16-byte aligned (vector loads).
+// Nothing else: no counters, no [B, N, V] scratch, nothing to clear.
+//
+// Values never cause an out-of-bounds access: parents are compared, never
+// followed; tokens outside [0, V) are never gathered; num_nodes is clamped.
+// Every offset is int64.
+//
+// The block program is written against the Block interface (block.cuh):
+// DeviceBlock runs it in the kernel; csrc/tree_verify.cu runs it on the host
+// (host_block.cuh) as the CPU implementation of torch.ops.specdec_C.tree_verify.
+//
+// This header includes no torch header.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "specdec/block.cuh"
+#include "specdec/block_rows.cuh"
+#include "specdec/common.cuh"
+#include "specdec/rng.cuh"
+#include "specdec/sampling.cuh"
+
+namespace specdec {
+
+// Everything a call reads and writes. Tensors are raw pointers; the last dim
+// of target/draft and of the outputs is contiguous.
+struct TreeVerifyArgs {
+  const void* tree_token_ids = nullptr;  // [B, N] TokenDtype
+  int64_t ids_stride_b = 0, ids_stride_n = 0;
+  TokenDtype token_dtype = TokenDtype::kInt64;
+  const int32_t* parents = nullptr;  // [B, N]
+  int64_t parents_stride_b = 0, parents_stride_n = 0;
+  const void* target = nullptr;  // [B, N, V] ProbDtype
+  int64_t target_stride_b = 0, target_stride_n = 0;
+  const void* draft = nullptr;  // [B, N, V], same dtype as target, or nullptr: deterministic candidates
+  int64_t draft_stride_b = 0, draft_stride_n = 0;
+  ProbDtype prob_dtype = ProbDtype::kFloat32;
+  const int32_t* num_nodes = nullptr;  // [B] or nullptr: N
+  const float* temperature = nullptr;  // [B] or nullptr: 1
+  bool logits = false;
+  bool without_replacement = true;  // draft_sampling (with a draft only)
+  RngArgs rng;
+  int32_t* accepted_nodes = nullptr;  // [B, N]
+  int64_t accepted_stride_b = 0;
+  int32_t* output_token_ids = nullptr;  // [B, N]
+  int64_t output_stride_b = 0;
+  int32_t* num_accepted = nullptr;  // [B]
+  int64_t* workspace = nullptr;     // tree_verify_workspace_words(B, V)
+  int64_t batch_size = 0;
+  int32_t max_nodes = 0;   // N, 1 <= N < 2**24 (the RNG position word)
+  int32_t vocab_size = 0;  // 1 <= V <= 2**30
+};
+
+// Workspace layout (see above), in int64 words unless said otherwise.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_slot_words(int64_t vocab_size) {
+  const int64_t chunks = (vocab_size + kChunkSize - 1) / kChunkSize;
+  return (3 * chunks + 1) / 2 * 2;
+}
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_row_floats(int64_t vocab_size) {
+  return (vocab_size + 3) / 4 * 4;
+}
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_request_words(int64_t vocab_size) {
+  return tree_verify_slot_words(vocab_size) + tree_verify_row_floats(vocab_size);  // two float rows
+}
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_workspace_words(int64_t batch_size, int64_t vocab_size) {
+  return batch_size * tree_verify_request_words(vocab_size);
+}
+
+// Launchers (csrc/tree_verify.cu). Neither synchronises.
+// One launch on `stream`; returns the launch status (cudaGetLastError).
+cudaError_t launch_tree_verify(const TreeVerifyArgs& args, cudaStream_t stream);
+// The same block program on the host (host pointers), requests one after another.
+void tree_verify_host(const TreeVerifyArgs& args);
+
+namespace tree_verify_detail {
+
+constexpr int64_t kNoNode = INT64_MAX;
+
+template <class Token>
+struct Tree {
+  const Token* ids;
+  int64_t ids_stride;
+  const int32_t* parents;
+  int64_t parents_stride;
+  int64_t num_nodes;  // clamped to [1, N]
+  int64_t vocab_size;
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t token(int64_t node) const {
+    return static_cast<int64_t>(ids[node * ids_stride]);
+  }
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool valid(int64_t token_id) const {
+    return token_id >= 0 && token_id < vocab_size;
+  }
+};
+
+// The first child of `current` after node `after` (>= current) with a valid
+// token, or -1. Thread i looks at node base + i of each tile; the tile loop
+// is uniform, so every thread takes part in every reduction.
+template <class Block, class Token>
+SPECDEC_HOST_DEVICE int64_t next_child(const Block& block, const Tree<Token>& tree, int64_t current, int64_t after) {
+  for (int64_t base = after + 1; base < tree.num_nodes; base += block.num_threads()) {
+    const int64_t node = base + block.thread();
+    int64_t found = kNoNode;
+    if (node < tree.num_nodes && static_cast<int64_t>(tree.parents[node * tree.parents_stride]) == current &&
+        tree.valid(tree.token(node))) {
+      found = node;
+    }
+    found = block.block_all_reduce(found, MinInt64());
+    if (found != kNoNode) return found;
+  }
+  return -1;
+}
+
+// Consecutive entries a thread handles per step of a rejection pass: one
+// 16-byte load of a float32 row (8 bytes of bf16/fp16) instead of four
+// dependent 4-byte ones, for more bytes in flight per thread.
+constexpr int kSpan = 4;
+
+// A distribution as the walk sees it: an input row (probabilities, or logits
+// turned into probabilities with the row's statistics) or, after a
+// rejection, a normalised float32 row of the workspace.
+template <class Prob>
+struct Row {
+  const Prob* input;  // nullptr: the row is `normalised`
+  float* normalised;  // the request's workspace row
+  SoftmaxStats stats;  // of `input`, logits only
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float at(int64_t index, bool logits, float temperature) const {
+    if (input == nullptr) return normalised[index];
+    const float x = to_float(input[index]);
+    return logits ? softmax_prob(x, stats, temperature) : x;
+  }
+
+  // Entries [first, first + kSpan), 0 past the vocabulary.
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void span(int64_t first, int64_t vocab_size, bool logits,
+                                                    float temperature, float (&out)[kSpan]) const {
+    if (input == nullptr) {
+      load_span(normalised, first, vocab_size, out);
+      return;
+    }
+    load_span(input, first, vocab_size, out);
+    if (!logits) return;
+    SPECDEC_UNROLL
+    for (int j = 0; j < kSpan; ++j) out[j] = first + j < vocab_size ? softmax_prob(out[j], stats, temperature) : 0.0f;
+  }
+};
+
+// Everything one request needs besides the tree.
+template <class Prob>
+struct Walk {
+  Row<Prob> target;  // p
+  Row<Prob> draft;   // q; not read without a draft (the candidate is one-hot)
+  bool has_draft;
+  bool remove_drawn;  // without replacement, with a draft
+  bool logits;
+  float temperature;
+  int64_t vocab_size;
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float draft_at(int64_t index, int64_t drawn) const {
+    if (!has_draft) return index == drawn ? 1.0f : 0.0f;
+    return draft.at(index, logits, temperature);
+  }
+
+  // p and q at [first, first + kSpan): q one-hot on `drawn` without a draft.
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void spans(int64_t first, int64_t drawn, float (&p)[kSpan],
+                                                     float (&q)[kSpan]) const {
+    target.span(first, vocab_size, logits, temperature, p);
+    if (has_draft) {
+      draft.span(first, vocab_size, logits, temperature, q);
+      return;
+    }
+    SPECDEC_UNROLL
+    for (int j = 0; j < kSpan; ++j) q[j] = first + j == drawn ? 1.0f : 0.0f;
+  }
+};
+
+struct RejectionTotals {
+  SplitTotal residual, target;
+};
+
+struct AddRejectionTotals {
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RejectionTotals operator()(RejectionTotals a, RejectionTotals b) const {
+    return {AddSplitTotals()(a.residual, b.residual), AddSplitTotals()(a.target, b.target)};
+  }
+};
+
+// The rejection of token `drawn`: p = normalise(max(0, p - q)) (normalise(p)
+// where the residual has no mass) and, without replacement, q =
+// normalise(q with q(drawn) = 0), written into the workspace rows. Entries
+// past the vocabulary load as 0 and weigh 0.
+template <class Block, class Prob>
+SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t drawn) {
+  const int64_t step = kSpan * static_cast<int64_t>(block.num_threads());
+  const int64_t start = kSpan * static_cast<int64_t>(block.thread());
+  RejectionTotals totals = {{0, 0}, {0, 0}};
+  SplitTotal draft_total = {0, 0};
+  for (int64_t first = start; first < walk.vocab_size; first += step) {
+    float p[kSpan], q[kSpan];
+    walk.spans(first, drawn, p, q);
+    SPECDEC_UNROLL
+    for (int j = 0; j < kSpan; ++j) {
+      add_weight(totals.residual, fixed_point_weight(fsub_rn(p[j], q[j])));  // max(0, p - q): negatives weigh 0
+      add_weight(totals.target, fixed_point_weight(p[j]));
+      if (walk.remove_drawn && first + j != drawn) add_weight(draft_total, fixed_point_weight(q[j]));
+    }
+  }
+  totals = block.block_all_reduce(totals, AddRejectionTotals());
+  if (walk.remove_drawn) draft_total = block.block_all_reduce(draft_total, AddSplitTotals());
+  const bool use_residual = has_mass(totals.residual);
+  const float target_reciprocal = total_reciprocal(use_residual ? totals.residual : totals.target);
+  const float draft_reciprocal = total_reciprocal(draft_total);
+  // The same spans per thread as above: each thread reads its old p and q
+  // before overwriting them, and no other thread touches them until the
+  // barrier.
+  for (int64_t first = start; first < walk.vocab_size; first += step) {
+    float p[kSpan], q[kSpan];
+    walk.spans(first, drawn, p, q);
+    SPECDEC_UNROLL
+    for (int j = 0; j < kSpan; ++j) {
+      const int64_t index = first + j;
+      if (index >= walk.vocab_size) break;
+      const uint64_t weight = fixed_point_weight(use_residual ? fsub_rn(p[j], q[j]) : p[j]);
+      walk.target.normalised[index] = normalised_weight(weight, target_reciprocal);
+      if (walk.remove_drawn) {
+        walk.draft.normalised[index] = normalised_weight(index == drawn ? 0 : fixed_point_weight(q[j]), draft_reciprocal);
+      }
+    }
+  }
+  block.sync();  // the next acceptance test reads any element
+  walk.target.input = nullptr;
+  if (walk.remove_drawn) walk.draft.input = nullptr;
+}
+
+template <class Block, class Prob>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t greedy_choice(const Block& block, const Prob* target_row,
+                                                              int64_t vocab_size, bool logits) {
+  return greedy_token(slice_argmax(block, target_row, 0, vocab_size), logits);
+}
+
+// The fixed-point sample of the current p at `position`; -1 without mass.
+template <class Block, class Prob>
+SPECDEC_HOST_DEVICE int64_t sample_target(const Block& block, const Walk<Prob>& walk, const RequestKey& key,
+                                          uint32_t position, const ChunkSlots& slots) {
+  const int64_t num_chunks = (walk.vocab_size + kChunkSize - 1) / kChunkSize;
+  if (walk.target.input != nullptr) {
+    SampleRow<Prob> row = {};
+    row.target = walk.target.input;
+    row.stop_token = -1;
+    row.position = position;
+    row.logits = walk.logits;
+    row.temperature = walk.temperature;
+    row.target_stats = walk.target.stats;
+    sample_slice<1>(block, row, key, walk.vocab_size, 0, num_chunks, slots);
+  } else {
+    SampleRow<float> row = {};
+    row.target = walk.target.normalised;
+    row.stop_token = -1;
+    row.position = position;
+    sample_slice<1>(block, row, key, walk.vocab_size, 0, num_chunks, slots);
+  }
+  return finish_sampled(block, slots, num_chunks, false, key, position);
+}
+
+// One block: request `b`'s walk and outputs.
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyArgs& args, int64_t b) {
+  const int64_t max_nodes = args.max_nodes;
+  const int64_t vocab_size = args.vocab_size;
+  Tree<Token> tree;
+  tree.ids = static_cast<const Token*>(args.tree_token_ids) + b * args.ids_stride_b;
+  tree.ids_stride = args.ids_stride_n;
+  tree.parents = args.parents + b * args.parents_stride_b;
+  tree.parents_stride = args.parents_stride_n;
+  const int64_t count = args.num_nodes == nullptr ? max_nodes : args.num_nodes[b];
+  tree.num_nodes = count < 1 ? 1 : (count > max_nodes ? max_nodes : count);
+  tree.vocab_size = vocab_size;
+
+  const Prob* target = static_cast<const Prob*>(args.target) + b * args.target_stride_b;
+  const Prob* draft = args.draft == nullptr ? nullptr : static_cast<const Prob*>(args.draft) + b * args.draft_stride_b;
+  const float temperature = args.temperature == nullptr ? 1.0f : args.temperature[b];
+  const bool greedy = temperature == 0.0f;
+
+  int64_t* request_words = args.workspace + b * tree_verify_request_words(vocab_size);
+  const ChunkSlots slots = {request_words};
+  float* residual_row = reinterpret_cast<float*>(request_words + tree_verify_slot_words(vocab_size));
+
+  Walk<Prob> walk;
+  walk.target = {target, residual_row, empty_stats()};
+  walk.draft = {draft, residual_row + tree_verify_row_floats(vocab_size), empty_stats()};
+  walk.has_draft = draft != nullptr;
+  walk.remove_drawn = draft != nullptr && args.without_replacement;
+  walk.logits = args.logits;
+  walk.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
+  walk.vocab_size = vocab_size;
+  const RequestKey key = load_request_key(args.rng, b);
+
+  int32_t* accepted_row = args.accepted_nodes + b * args.accepted_stride_b;
+  int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
+  if (block.thread() == 0) accepted_row[0] = 0;
+
+  int64_t current = 0;
+  int64_t depth = 0;
+  int64_t choice = -2;           // greedy: the current node's argmax once known (-2: not yet)
+  bool stats_ready = false;      // logits: statistics of the current node's input rows
+  for (int64_t after = 0;;) {
+    const int64_t child = next_child(block, tree, current, after);
+    if (child < 0) break;
+    after = child;
+    const int64_t token = tree.token(child);
+    bool accepted;
+    if (greedy) {
+      if (choice == -2) choice = greedy_choice(block, target + current * args.target_stride_n, vocab_size, args.logits);
+      accepted = token == choice;
+    } else {
+      if (walk.logits && !stats_ready) {
+        // Still the input rows: a rejection needs the statistics first.
+        const StatsPair stats = slice_stats(block, walk.target.input, walk.draft.input, 0, vocab_size, walk.temperature);
+        walk.target.stats = stats.target;
+        walk.draft.stats = stats.draft;
+        stats_ready = true;
+      }
+      const float target_prob = walk.target.at(token, walk.logits, walk.temperature);
+      const float draft_prob = walk.draft_at(token, token);
+      const float uniform = uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(child), 0u).w0);
+      accepted = accept(uniform, draft_prob, target_prob);
+      if (!accepted) reject(block, walk, token);
+    }
+    if (!accepted) continue;
+    ++depth;
+    if (block.thread() == 0) {
+      accepted_row[depth] = static_cast<int32_t>(child);
+      output_row[depth - 1] = static_cast<int32_t>(token);
+    }
+    current = child;
+    walk.target.input = target + child * args.target_stride_n;
+    walk.draft.input = draft == nullptr ? nullptr : draft + child * args.draft_stride_n;
+    choice = -2;
+    stats_ready = false;
+  }
+
+  int64_t emitted;
+  if (greedy) {
+    emitted = choice != -2 ? choice : greedy_choice(block, target + current * args.target_stride_n, vocab_size,
+                                                    args.logits);
+  } else {
+    if (walk.logits && !stats_ready && walk.target.input != nullptr) {
+      walk.target.stats = slice_stats(block, walk.target.input, static_cast<const Prob*>(nullptr), 0, vocab_size,
+                                      walk.temperature).target;
+    }
+    emitted = sample_target(block, walk, key, static_cast<uint32_t>(current), slots);
+  }
+  if (block.thread() == 0) {
+    output_row[depth] = static_cast<int32_t>(emitted);
+    args.num_accepted[b] = static_cast<int32_t>(depth);
+  }
+  for (int64_t slot = depth + 1 + block.thread(); slot < max_nodes; slot += block.num_threads()) {
+    accepted_row[slot] = -1;
+    output_row[slot] = -1;
+  }
+}
+
+#if defined(__CUDACC__)
+// Two resident blocks per SM (a 128-register cap): one block per request, so
+// large batches keep every SM busy.
+template <class Prob, class Token>
+__global__ void __launch_bounds__(DeviceBlock::kThreads, 2) tree_verify_kernel(const TreeVerifyArgs args) {
+  __shared__ DeviceBlock::Shared shared;
+  const DeviceBlock block = {&shared};
+  tree_verify_block<DeviceBlock, Prob, Token>(block, args, static_cast<int64_t>(blockIdx.x));
+}
+#endif  // __CUDACC__
+
+}  // namespace tree_verify_detail
+}  // namespace specdec
