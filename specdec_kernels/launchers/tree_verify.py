@@ -78,15 +78,21 @@ def triton_workspace_specs(batch_size: int, vocab_size: int, rows: int = 2) -> d
     }
 
 
+def allocate_outputs(target):
+    """``accepted_nodes [B, N]``, ``output_token_ids [B, N]`` and ``num_accepted [B]``, int32, uninitialised."""
+    batch_size, tree_size, _ = target.shape
+    options = dict(dtype=torch.int32, device=target.device)
+    return (torch.empty((batch_size, tree_size), **options), torch.empty((batch_size, tree_size), **options),
+            torch.empty((batch_size,), **options))
+
+
 def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
                        seed_tensor, seed, offset_tensor, offset):
     from .._kernels.tree_verify import _tree_verify_kernel
 
     batch_size, tree_size, vocab_size = target.shape
     device = target.device
-    accepted_nodes = torch.empty((batch_size, tree_size), dtype=torch.int32, device=device)
-    output = torch.empty((batch_size, tree_size), dtype=torch.int32, device=device)
-    num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
+    accepted_nodes, output, num_accepted = allocate_outputs(target)
     if batch_size == 0:
         return accepted_nodes, output, num_accepted
     # The kernel takes row strides and assumes unit stride along the vocabulary.
@@ -142,11 +148,9 @@ def cuda_workspace_specs(batch_size: int, vocab_size: int) -> dict[str, tuple[in
 
 def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
                      seed_tensor, seed, offset_tensor, offset):
-    batch_size, max_nodes, vocab_size = target.shape
+    batch_size, _, vocab_size = target.shape
     device = target.device
-    accepted_nodes = torch.empty((batch_size, max_nodes), dtype=torch.int32, device=device)
-    output = torch.empty((batch_size, max_nodes), dtype=torch.int32, device=device)
-    num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
+    accepted_nodes, output, num_accepted = allocate_outputs(target)
     if batch_size == 0:
         return accepted_nodes, output, num_accepted
     if parents.dtype == torch.int64:
