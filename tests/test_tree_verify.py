@@ -537,6 +537,44 @@ def test_kernels_match_the_reference_on_large_and_strided_inputs(backend, draft_
         assert_same(result, expected)
 
 
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_triton_scratch_rows_are_the_reference_normaliser(draft_mode, device):
+    """After three rejections at the root, the Triton kernel's scratch rows hold the rows after the
+    first two (the third is applied where the rows are read), equal to _sampling's residual and
+    normalise bit for bit: outputs alone would rarely show a rounding difference in them."""
+    from specdec_kernels import _workspace
+
+    backend_or_skip("tree_verify", "triton")
+    batch_size, vocab_size = 3, 2100
+    generator = torch.Generator().manual_seed(8)
+    target = torch.softmax(torch.randn(batch_size, 4, vocab_size, generator=generator) * 2, dim=-1)
+    draft = torch.softmax(torch.randn(batch_size, 4, vocab_size, generator=generator), dim=-1)
+    ids = torch.randint(0, vocab_size, (batch_size, 4), generator=generator)
+    target[torch.arange(batch_size).view(-1, 1), 0, ids[:, 1:]] = 0.0  # every child of the root is rejected
+    parents = torch.tensor([[-1, 0, 0, 0]] * batch_size, dtype=torch.int32)
+    draft = None if draft_mode is None else draft
+    sampling = draft_mode or "without_replacement"
+    on_device = target.to(device)
+    result = run_tree_verify(ids.to(device), parents.to(device), on_device,
+                             None if draft is None else draft.to(device), draft_sampling=sampling, seed=1, offset=2,
+                             backend="triton")
+    assert_same(result, sk.tree_verify(ids, parents, target, draft, draft_sampling=sampling, seed=1, offset=2,
+                                       backend="reference"))
+    p, q = target[:, 0], None if draft is None else draft[:, 0]
+    for child in (1, 2):
+        drawn = torch.nn.functional.one_hot(ids[:, child], vocab_size).bool()
+        p = _sampling.normalise(_sampling.residual(p, drawn.float() if q is None else q))
+        if draft_mode == "without_replacement":
+            q = _sampling.normalise(q.masked_fill(drawn, 0.0))
+    key = ("tree_verify.scratch", torch.float32, on_device.device, _workspace._stream_key(on_device.device))
+    scratch = _workspace._buffers[key]
+    rows = 2 if draft_mode == "without_replacement" else 1
+    written = scratch[:batch_size * rows * vocab_size].view(batch_size, rows, vocab_size).cpu()
+    assert torch.equal(written[:, 0], p)
+    if draft_mode == "without_replacement":
+        assert torch.equal(written[:, 1], q)
+
+
 # ----------------------------------------------------------------------------- malformed values
 
 
