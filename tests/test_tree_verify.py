@@ -537,6 +537,28 @@ def test_kernels_match_the_reference_on_large_and_strided_inputs(backend, draft_
         assert_same(result, expected)
 
 
+def rejected_root_case(batch_size, vocab_size, seed=8):
+    """ids, parents, target, draft of a root with three children, each rejected: ``p(t) = 0``."""
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.softmax(torch.randn(batch_size, 4, vocab_size, generator=generator) * 2, dim=-1)
+    draft = torch.softmax(torch.randn(batch_size, 4, vocab_size, generator=generator), dim=-1)
+    ids = torch.randint(0, vocab_size, (batch_size, 4), generator=generator)
+    target[torch.arange(batch_size).view(-1, 1), 0, ids[:, 1:]] = 0.0
+    parents = torch.tensor([[-1, 0, 0, 0]] * batch_size, dtype=torch.int32)
+    return ids, parents, target, draft
+
+
+def rows_after_rejections(ids, target, draft, draft_mode, children):
+    """The root's ``p`` and ``q`` after rejecting ``children`` in order (``_sampling``'s residual and normalise)."""
+    p, q = target[:, 0], None if draft is None else draft[:, 0]
+    for child in children:
+        drawn = torch.nn.functional.one_hot(ids[:, child], target.shape[-1]).bool()
+        p = _sampling.normalise(_sampling.residual(p, drawn.float() if q is None else q))
+        if draft_mode == "without_replacement":
+            q = _sampling.normalise(q.masked_fill(drawn, 0.0))
+    return p, q
+
+
 @pytest.mark.parametrize("draft_mode", DRAFT_MODES)
 def test_triton_scratch_rows_are_the_reference_normaliser(draft_mode, device):
     """After three rejections at the root, the Triton kernel's scratch rows hold the rows after the
@@ -546,12 +568,7 @@ def test_triton_scratch_rows_are_the_reference_normaliser(draft_mode, device):
 
     backend_or_skip("tree_verify", "triton")
     batch_size, vocab_size = 3, 2100
-    generator = torch.Generator().manual_seed(8)
-    target = torch.softmax(torch.randn(batch_size, 4, vocab_size, generator=generator) * 2, dim=-1)
-    draft = torch.softmax(torch.randn(batch_size, 4, vocab_size, generator=generator), dim=-1)
-    ids = torch.randint(0, vocab_size, (batch_size, 4), generator=generator)
-    target[torch.arange(batch_size).view(-1, 1), 0, ids[:, 1:]] = 0.0  # every child of the root is rejected
-    parents = torch.tensor([[-1, 0, 0, 0]] * batch_size, dtype=torch.int32)
+    ids, parents, target, draft = rejected_root_case(batch_size, vocab_size)
     draft = None if draft_mode is None else draft
     sampling = draft_mode or "without_replacement"
     on_device = target.to(device)
@@ -560,16 +577,10 @@ def test_triton_scratch_rows_are_the_reference_normaliser(draft_mode, device):
                              backend="triton")
     assert_same(result, sk.tree_verify(ids, parents, target, draft, draft_sampling=sampling, seed=1, offset=2,
                                        backend="reference"))
-    p, q = target[:, 0], None if draft is None else draft[:, 0]
-    for child in (1, 2):
-        drawn = torch.nn.functional.one_hot(ids[:, child], vocab_size).bool()
-        p = _sampling.normalise(_sampling.residual(p, drawn.float() if q is None else q))
-        if draft_mode == "without_replacement":
-            q = _sampling.normalise(q.masked_fill(drawn, 0.0))
+    p, q = rows_after_rejections(ids, target, draft, draft_mode, (1, 2))
     key = ("tree_verify.scratch", torch.float32, on_device.device, _workspace._stream_key(on_device.device))
-    scratch = _workspace._buffers[key]
     rows = 2 if draft_mode == "without_replacement" else 1
-    written = scratch[:batch_size * rows * vocab_size].view(batch_size, rows, vocab_size).cpu()
+    written = _workspace._buffers[key][:batch_size * rows * vocab_size].view(batch_size, rows, vocab_size).cpu()
     assert torch.equal(written[:, 0], p)
     if draft_mode == "without_replacement":
         assert torch.equal(written[:, 1], q)

@@ -26,7 +26,7 @@ from specdec_kernels._extension import cuda_extension_available, extension_error
 from specdec_kernels.launchers.tree_verify import cuda_workspace_specs
 from specdec_kernels.reference import tree_verify as reference
 from test_chain_verify_cuda import RANDOM_STATES, _wrap, random_state
-from test_tree_verify import check_structure, random_parents, random_problem
+from test_tree_verify import check_structure, random_parents, random_problem, rejected_root_case, rows_after_rejections
 
 HAS_OP = cuda_extension_available() and "tree_verify" in extension_ops()
 needs_op = pytest.mark.skipif(
@@ -314,31 +314,18 @@ def test_host_program_logits_agree(draft_mode):
 def test_host_program_residual_rows_are_the_reference_normaliser(draft_mode):
     """The workspace rows after three rejections at the root equal _sampling's residual and normalise,
     bit for bit (outputs alone would rarely show a rounding difference in them)."""
-    from specdec_kernels.reference import _sampling
-
     batch_size, vocab_size = 3, 2100
-    generator = torch.Generator().manual_seed(8)
-    target = torch.softmax(torch.randn(batch_size, 4, vocab_size, generator=generator) * 2, dim=-1)
-    draft = torch.softmax(torch.randn(batch_size, 4, vocab_size, generator=generator), dim=-1)
-    ids = torch.randint(0, vocab_size, (batch_size, 4), generator=generator)
-    target[torch.arange(batch_size).view(-1, 1), 0, ids[:, 1:]] = 0.0  # every child of the root is rejected
-    case = dict(tree_token_ids=ids, parents=torch.tensor([[-1, 0, 0, 0]] * batch_size, dtype=torch.int32),
-                target=target, draft=None if draft_mode is None else draft, num_nodes=None, temperature=None,
-                logits=False, draft_sampling=draft_mode or "without_replacement")
+    ids, parents, target, draft = rejected_root_case(batch_size, vocab_size)
+    case = dict(tree_token_ids=ids, parents=parents, target=target, draft=None if draft_mode is None else draft,
+                num_nodes=None, temperature=None, logits=False, draft_sampling=draft_mode or "without_replacement")
     words = cuda_workspace_specs(batch_size, vocab_size)["tree_verify_cuda.workspace"][0]
     workspace = torch.full((words,), -1, dtype=torch.int64)
     outputs = (torch.zeros(batch_size, 4, dtype=torch.int32), torch.zeros(batch_size, 4, dtype=torch.int32),
                torch.zeros(batch_size, dtype=torch.int32))
-    torch.ops.specdec_C.tree_verify(ids, case["parents"], target, case["draft"], None, None, False,
+    torch.ops.specdec_C.tree_verify(ids, parents, target, case["draft"], None, None, False,
                                     case["draft_sampling"], None, 1, None, 2, workspace, *outputs)
     assert_same(outputs, run_reference(case, 1, 2), "outputs")
-    p, q = target[:, 0], draft[:, 0]
-    for child in (1, 2, 3):
-        drawn = torch.nn.functional.one_hot(ids[:, child], vocab_size).bool()
-        proposal = drawn.float() if draft_mode is None else q
-        p = _sampling.normalise(_sampling.residual(p, proposal))
-        if draft_mode == "without_replacement":
-            q = _sampling.normalise(q.masked_fill(drawn, 0.0))
+    p, q = rows_after_rejections(ids, target, case["draft"], draft_mode, (1, 2, 3))
     slot_words, row_floats = 2 * 5, vocab_size  # 3 chunks: 9 words, rounded up to 10; 2100 is a multiple of 4
     rows = workspace.view(batch_size, slot_words + row_floats)[:, slot_words:].contiguous().view(torch.float32)
     assert torch.equal(rows[:, :vocab_size], p)
