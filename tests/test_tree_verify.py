@@ -514,11 +514,21 @@ def test_same_seed_and_offset_give_the_same_outputs(backend, device):
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])
 @pytest.mark.parametrize("draft_mode", DRAFT_MODES)
-def test_kernels_match_the_reference_on_large_and_strided_inputs(backend, draft_mode, device):
+@pytest.mark.parametrize("gpu_tiles", [False, True], ids=["interpreter-tiles", "gpu-tiles"])
+def test_kernels_match_the_reference_on_large_and_strided_inputs(backend, draft_mode, gpu_tiles, device,
+                                                                  monkeypatch):
     """Trees wider than a kernel's node tile (N = 150), vocabularies of several sampler chunks
     (V = 2500, not a multiple of 1024), bushy trees (many rejections in a row) and a target that is
-    a strided slice of a wider tensor: the same bits as the reference."""
+    a strided slice of a wider tensor: the same bits as the reference. ``gpu-tiles`` gives the
+    Triton launcher the GPU's tiles under the interpreter too: one request per program."""
     backend_or_skip("tree_verify", backend)
+    if gpu_tiles:
+        if backend != "triton" or device.type == "cuda":
+            pytest.skip("the interpreter's Triton tiles are the only ones to swap")
+        from specdec_kernels.launchers import tree_verify as launcher
+
+        monkeypatch.setattr(launcher, "INTERPRETER_TILE", launcher.TILE)
+        assert launcher.launch_config(3, 150, 2500, interpreter=True).rows == launcher.MAX_ROWS == 1
     generator = torch.Generator().manual_seed(150)
     for bushy in (True, False):
         ids, parents, target, draft, num_nodes, temperature = random_problem(
