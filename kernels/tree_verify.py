@@ -99,7 +99,7 @@ def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_no
 
 
 @triton.jit
-def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, from_scratch,
+def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
                   p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                   pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                   LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr):
@@ -112,7 +112,8 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, from
     had no mass), and, removing the drawn token, ``q`` likewise. These are
     the rows ``_sampling.normalise`` gives the reference, computed where they
     are read instead of written out first. Without a draft the proposal is
-    one-hot on ``token``.
+    one-hot on ``token``. ``q_mask`` masks the draft reads: a caller that
+    needs only ``p`` reads the draft only where a rejection is pending.
     """
     p = _row_values(target_row, p_scratch, index, mask, from_scratch, p_max, p_inverse_norm, inverse_temperature,
                     LOGITS)
@@ -121,7 +122,7 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, from
             q_from_scratch = from_scratch
         else:
             q_from_scratch = from_scratch != from_scratch  # with replacement q is never rewritten
-        q = _row_values(draft_row, q_scratch, index, mask, q_from_scratch, q_max, q_inverse_norm,
+        q = _row_values(draft_row, q_scratch, index, q_mask, q_from_scratch, q_max, q_inverse_norm,
                         inverse_temperature, LOGITS)
         tried = q
     else:
@@ -179,7 +180,7 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
     for start in range(0, vocab_size, BLOCK_V):
         index = start + vocab
         mask = rejecting & (index < vocab_size)
-        p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, from_scratch,
+        p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask, from_scratch,
                              p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                              LOGITS, HAS_DRAFT, REMOVE_DRAWN)
@@ -216,8 +217,8 @@ def _sample_rows(target_row, draft_row, p_scratch, q_scratch, sampled, from_scra
     for chunk in range(0, num_chunks):
         index = chunk * BLOCK_V + vocab
         mask = sampled[:, None] & (index < vocab_size)
-        p, _ = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, from_scratch,
-                             p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+        p, _ = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask & (pending != 0),
+                             from_scratch, p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, pending_token,
                              LOGITS, HAS_DRAFT, REMOVE_DRAWN)
         total, offset = chunk_pick(fixed_point(p), chunk_draw(k0, k1, c2, c3, node, chunk))
@@ -319,7 +320,7 @@ def _tree_verify_kernel(
         token = tl.load(ids_row + safe_child.to(tl.int64) * stride_ids_n, mask=trying, other=0).to(tl.int64)
         gather = trying & sampled
         target_at, draft_at = _current_rows(
-            target_row, draft_row, p_scratch, q_scratch, token, gather, from_scratch, p_max, p_inverse_norm,
+            target_row, draft_row, p_scratch, q_scratch, token, gather, gather, from_scratch, p_max, p_inverse_norm,
             q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual, p_reciprocal,
             q_reciprocal, token, LOGITS, HAS_DRAFT, REMOVE_DRAWN)
         word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
