@@ -49,8 +49,10 @@ def _triton_unavailable(op_name: str, device: torch.device) -> str | None:
 
 
 def _cuda_unavailable(op_name: str, device: torch.device) -> str | None:
-    if not _extension.cuda_extension_available():
-        return f"the CUDA extension specdec_kernels._C is not built or failed to load ({_extension.extension_error()})"
+    # On GPU tensors a missing extension is compiled now, once (cached per user); never for CPU tensors.
+    error = _extension.ensure_loaded() if device.type == "cuda" else _extension.extension_error()
+    if error is not None:
+        return f"the CUDA extension specdec_kernels._C is not built or failed to load ({error})"
     if op_name not in _extension.extension_ops():
         return f"the CUDA extension has no kernel for {op_name} yet"
     if device.type != "cuda":
