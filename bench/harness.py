@@ -39,6 +39,7 @@ import argparse
 import csv
 import datetime
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -54,6 +55,11 @@ import torch
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
+# The checkout holding bench/ (a run from the repository or an editable install); None when installed
+# as specdec_kernels._bench, whose parent is the package, not a git checkout of it.
+CHECKOUT = REPO_ROOT if (REPO_ROOT / "setup.py").is_file() else None
+# Results go to bench/results/ of the checkout, else to this folder under the working directory.
+INSTALLED_OUTPUT = "specdec_bench_results"
 OPS = ("chain_verify", "tree_verify", "build_tree", "tree_attention", "compact_kv")
 KERNEL_BACKENDS = ("reference", "triton", "cuda")
 GRAPH_EAGER_SECONDS = 0.05  # eager work captured in one graph, at most
@@ -154,11 +160,13 @@ def device_name(device: torch.device) -> str:
 
 def git_commit() -> tuple[str, bool | None]:
     """``(commit, dirty)`` of the checkout holding bench/, or ``SPECDEC_COMMIT`` / "unknown"."""
+    if CHECKOUT is None:
+        return os.environ.get("SPECDEC_COMMIT", "unknown"), None
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=CHECKOUT, capture_output=True, text=True,
                                 timeout=10)
         if commit.returncode == 0:
-            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=CHECKOUT,
                                     capture_output=True, text=True, timeout=10)
             return commit.stdout.strip(), bool(status.stdout.strip())
     except (OSError, subprocess.SubprocessError):
@@ -346,6 +354,26 @@ def unavailable_backends(op_name: str, settings: Settings) -> dict[str, str]:
     return reasons
 
 
+def missing_providers(module, settings: Settings, available: list[str]) -> dict[str, str]:
+    """Why each provider asked for with ``--providers`` but absent from ``available`` gives no rows."""
+    reasons = {}
+    for provider in settings.providers or ():
+        if provider in available:
+            continue
+        if provider in KERNEL_BACKENDS:
+            reasons[provider] = unavailable_backends(module.OP, settings).get(provider, "not available")
+        elif provider == "flashinfer" and hasattr(module, "_flashinfer"):
+            if importlib.util.find_spec("flashinfer") is None:
+                reasons[provider] = "not installed"
+            elif not settings.is_cuda:
+                reasons[provider] = f"needs a GPU (the device is {settings.device})"
+            else:
+                reasons[provider] = "installed but failed to import"
+        else:
+            reasons[provider] = f"{module.OP} has no such provider"
+    return reasons
+
+
 def config_label(config: dict) -> str:
     return " ".join(f"{key}={value}" for key, value in config.items())
 
@@ -403,6 +431,7 @@ def run_op(module, settings: Settings, copy_gbps: float, progress=None) -> tuple
     info = {
         "providers": providers,
         "not_timed": unavailable_backends(module.OP, settings),
+        "no_rows": missing_providers(module, settings, providers),
         "min_bytes_basis": getattr(module, "MIN_BYTES_BASIS", "input-independent"),
         "notes": list(getattr(module, "NOTES", [])),
         "configs": configs,
@@ -707,6 +736,11 @@ def run(ops=OPS, *, device=None, quick=False, tiny=None, providers=None, output=
         rows, info = run_op(module, settings, copy["gbps"], bar)
         if bar is not None:
             bar.close()
+        for provider in providers_here:  # every config's Case.supports(provider) said no
+            if not any(row["provider"] == provider for row in rows):
+                info["no_rows"][provider] = "no benchmarked size supports it"
+        for provider, reason in info["no_rows"].items():
+            print(f"[{op}] no rows for {provider}: {reason}", flush=True)
         all_rows.extend(rows)
         op_info[op] = info
     results = {
@@ -717,11 +751,15 @@ def run(ops=OPS, *, device=None, quick=False, tiny=None, providers=None, output=
         "elapsed_s": time.perf_counter() - started,
     }
     print(format_table(all_rows), flush=True)
-    output_dir = Path(output) if output is not None else BENCH_DIR / "results"
+    output_dir = Path(output) if output is not None else default_output_dir()
     written = write_results(results, output_dir, modules) if plots else []
     print(f"{len(all_rows)} rows in {results['elapsed_s']:.1f} s; wrote "
           + ", ".join(str(path) for path in written), flush=True)
     return results
+
+
+def default_output_dir() -> Path:
+    return BENCH_DIR / "results" if CHECKOUT is not None else Path(INSTALLED_OUTPUT)
 
 
 def add_arguments(parser: argparse.ArgumentParser, with_op: bool = True) -> None:
@@ -729,7 +767,7 @@ def add_arguments(parser: argparse.ArgumentParser, with_op: bool = True) -> None
         parser.add_argument("--op", action="append", choices=OPS,
                             help="op to benchmark (repeatable; default: all)")
     parser.add_argument("--quick", action="store_true", help="a short sweep")
-    parser.add_argument("--output", default=None, help="output folder (default: bench/results/ of the checkout)")
+    parser.add_argument("--output", default=None, help=f"output folder (default: bench/results/ of the checkout; ./{INSTALLED_OUTPUT} when installed)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--providers", default=None,
                         help="comma-separated subset of reference,triton,cuda,flashinfer")

@@ -1,40 +1,44 @@
 """Command line: ``python -m specdec_kernels bench|demo``.
 
-``bench`` runs the benchmark scripts of the repository checkout
-(``bench/bench_<op>.py``, next to the package: the package is installed
-editable from the repository); ``demo`` runs speculative decoding end to end
-on built-in synthetic models (``specdec_kernels/demo.py``).
+``bench`` runs the benchmarks (``bench/bench_<op>.py`` of the checkout,
+installed as ``specdec_kernels._bench``); ``demo`` runs speculative decoding
+end to end on built-in synthetic models (``specdec_kernels/demo.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
+import importlib.util
 import sys
 from pathlib import Path
 
-BENCH_DIR_ENV = "SPECDEC_BENCH_DIR"
-
 
 def bench_dir() -> Path:
-    """The checkout's ``bench/`` folder (or ``$SPECDEC_BENCH_DIR``); ``SystemExit`` with a reason if absent."""
+    """The benchmark scripts' folder; ``SystemExit`` with a reason if absent.
+
+    Installed: ``specdec_kernels/_bench`` (an editable install maps it to the
+    checkout's ``bench/``). With only the checkout on ``PYTHONPATH``: its ``bench/``.
+    """
     import specdec_kernels
 
-    override = os.environ.get(BENCH_DIR_ENV)
-    candidate = Path(override) if override else Path(specdec_kernels.__file__).resolve().parents[1] / "bench"
-    if not (candidate / "harness.py").is_file():
-        raise SystemExit(
-            f"specdec_kernels bench: no benchmark scripts at {candidate} (looked for harness.py). The benchmarks "
-            "live in the repository's bench/ folder, outside the package: install the package editable from a "
-            f"checkout (pip install --no-build-isolation -e .) or point {BENCH_DIR_ENV} at that folder."
-        )
-    return candidate
+    spec = importlib.util.find_spec("specdec_kernels._bench")
+    candidates = [Path(spec.origin).parent] if spec is not None and spec.origin else []
+    candidates.append(Path(specdec_kernels.__file__).resolve().parents[1] / "bench")
+    for candidate in candidates:
+        if (candidate / "harness.py").is_file():
+            return candidate
+    raise SystemExit(
+        "specdec_kernels bench: no benchmark scripts (looked for harness.py in "
+        f"{' and '.join(str(path) for path in candidates)}): this install of specdec_kernels lacks its "
+        "specdec_kernels._bench package; reinstall it (pip install specdec_kernels, or pip install . from a checkout)"
+    )
 
 
 def _bench(args, options: list[str]) -> int:
-    """Hand the options to the checkout's ``bench/harness.py``, which owns them (``bench --help`` lists them)."""
+    """Hand the options to ``harness.py``, which owns them (``bench --help`` lists them)."""
     folder = bench_dir()
+    # The scripts import one another by plain name (they also run alone from the checkout's bench/).
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
     return importlib.import_module("harness").main(options, prog="python -m specdec_kernels bench")
@@ -51,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdec_kernels", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    # The benchmark's options are defined once, in bench/harness.py.
+    # The benchmark's options are defined once, in harness.py.
     bench = commands.add_parser("bench", add_help=False,
                                 help="benchmark the ops (all backends that can run here); see bench --help")
     bench.set_defaults(handler=_bench)
