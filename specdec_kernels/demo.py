@@ -21,10 +21,15 @@ one per call, so no two calls share random numbers. It prints the acceptance
 rate by position, the mean tokens per target call, the speedup Leviathan et
 al. (2023) predict for a draft/target cost ratio ``c``
 (``(1 - a^(K+1)) / ((1 - a)(cK + 1))``), the best draft length, the wall
-time per generated token, and an exactness check: the total-variation
-distance between the unigram and bigram statistics of speculative and of
-plain target sampling, next to the distance between independent plain
-samples of the same size (what chance alone gives).
+time per generated token, and an exactness check. Since the target is a
+bigram model, the exact law of every emitted token given the previous one is
+known, so the check is Pearson's chi-square test of the generated transitions
+against it (``_chi_square.py``), at significance ``SIGNIFICANCE``, with its
+power to detect the deliberately biased sample (tokens drawn from the draft
+model alone): when that power is below ``REQUIRED_POWER`` the sample is too
+small to tell a biased verifier from an exact one and the verdict says
+"inconclusive". The total-variation distances of the unigram and bigram
+statistics to plain target sampling are printed too, for scale.
 """
 
 from __future__ import annotations
@@ -36,12 +41,13 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from . import _backend
+from . import _backend, _chi_square
 from .ops.build_tree import build_tree
 from .ops.chain_verify import chain_verify
 from .ops.tree_verify import tree_verify
 
-CHANCE_FACTOR = 1.5  # verdict: speculative TV within this factor of the plain-vs-plain TV
+SIGNIFICANCE = 0.01  # reject exact sampling when the chi-square p-value is below this
+REQUIRED_POWER = 0.9  # "consistent" only when the test would reject the draft-alone sample this often
 
 
 @dataclass
@@ -306,6 +312,34 @@ def best_draft_length(alpha: float, cost_ratio: float, longest: int = 64) -> tup
     return -negative_k, speedup
 
 
+def exactness_check(prompts, samples: dict, target: BigramModel, draft: BigramModel, vocab_size: int):
+    """Chi-square test of each sample's transitions against the target; ``({name: figures}, verdict, message)``.
+
+    The verdict covers ``"chain"`` and ``"tree"``: ``"rejected"`` when a
+    p-value is below ``SIGNIFICANCE``, else ``"consistent"`` when each test
+    detects the draft-alone law with power at least ``REQUIRED_POWER``, else
+    ``"inconclusive"``.
+    """
+    law, alternative = target.probs.double().cpu(), draft.probs.double().cpu()
+    figures = {}
+    for name, tokens in samples.items():
+        counts = _chi_square.transition_counts(prompts, tokens, vocab_size)
+        result, bins = _chi_square.chi_square_test(counts, law)
+        figures[name] = {"statistic": result.statistic, "degrees_of_freedom": result.degrees_of_freedom,
+                         "p_value": result.p_value,
+                         "power": _chi_square.power_against(counts, law, alternative, bins, SIGNIFICANCE)}
+    tested = [figures[name] for name in ("chain", "tree")]
+    smallest_p, weakest = min(f["p_value"] for f in tested), min(f["power"] for f in tested)
+    if smallest_p < SIGNIFICANCE:
+        return figures, "rejected", f"NOT consistent with exact sampling (p = {smallest_p:.3g} < {SIGNIFICANCE})"
+    if weakest >= REQUIRED_POWER:
+        return figures, "consistent", (f"consistent with exact sampling (p >= {SIGNIFICANCE}; the test detects "
+                                       f"sampling from the draft alone with power {weakest:.3f})")
+    return figures, "inconclusive", (f"inconclusive: too few tokens to tell exact sampling from sampling the draft "
+                                     f"alone (power {weakest:.3f} < {REQUIRED_POWER} at significance {SIGNIFICANCE}; "
+                                     f"raise --batch-size or --length)")
+
+
 # --------------------------------------------------------------------------- the demo
 
 
@@ -407,17 +441,24 @@ def _run(config: DemoConfig, device: torch.device) -> dict:
                        ("plain vs plain (chance, mean of 2)", None), ("draft alone vs plain (biased)", "draft")):
         values = chance if key is None else distances[key]
         print(f"  {label:34s} {values[0]:10.4f} {values[1]:10.4f}")
-    exact = all(distances[name][i] <= CHANCE_FACTOR * chance[i] for name in ("chain", "tree") for i in (0, 1))
-    verdict = ("consistent with exact sampling: within %.1fx of what chance alone gives" % CHANCE_FACTOR if exact
-               else "LARGER than chance explains (more than %.1fx the plain-vs-plain distance)" % CHANCE_FACTOR)
-    print(f"  verdict: {verdict}")
+    exactness, verdict, message = exactness_check(prompts, {"chain": chain.tokens, "tree": tree.tokens, "draft": draft_only},
+                                         target, draft, config.vocab_size)
+    print(f"  chi-square test of the transitions against the target's exact law (significance {SIGNIFICANCE}; "
+          f"power: against tokens from the draft alone)")
+    for label, key in (("chain speculative", "chain"), ("tree speculative", "tree"),
+                       ("draft alone (biased control)", "draft")):
+        result = exactness[key]
+        print(f"  {label:34s} chi2 = {result['statistic']:.1f}, df = {result['degrees_of_freedom']}, "
+              f"p = {result['p_value']:.3g}, power = {result['power']:.3f}")
+    print(f"  verdict: {message}")
     elapsed = time.perf_counter() - started
     print(f"\ndemo finished in {elapsed:.1f} s")
     return {
         "alpha": alpha, "model_alpha": model_alpha, "acceptance_by_position": rates,
         "tokens_per_call": tokens_per_call, "predicted_speedup": speedup, "best_draft_length": best_k,
         "tree_tokens_per_call": tree_tokens_per_call, "tree_acceptance_by_depth": depth_rates,
-        "tv": distances, "tv_chance": chance, "exact": exact, "seconds": elapsed,
+        "tv": distances, "tv_chance": chance, "exactness": exactness, "verdict": verdict,
+        "seconds": elapsed,
     }
 
 

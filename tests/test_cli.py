@@ -31,8 +31,10 @@ def test_demo_cli_prints_its_figures():
     assert result.returncode == 0, result.stderr
     for text in ("acceptance rate by position", "mean tokens per target call", "predicted speedup at cost ratio",
                  "best draft length", "acceptance rate by depth", "unigram TV", "bigram TV", "chance",
-                 "verdict", "per generated token", "tokens per sample"):
+                 "chi-square test", "power", "verdict", "per generated token", "tokens per sample"):
         assert text in result.stdout, text
+    # 8 x 12 tokens over 16 x 16 transitions cannot tell the draft's law from the target's.
+    assert "verdict: inconclusive: too few tokens" in result.stdout
 
 
 @pytest.mark.parametrize("agreement", [1.0, 0.5])
@@ -49,6 +51,36 @@ def test_demo_figures(agreement, capsys, device):
     for unigram, bigram in [*figures["tv"].values(), figures["tv_chance"]]:
         assert 0.0 <= unigram <= 1.0 and 0.0 <= bigram <= 1.0
     assert "verdict" in capsys.readouterr().out
+    assert figures["verdict"] in ("consistent", "inconclusive")
+    for name in ("chain", "tree", "draft"):
+        assert 0.0 <= figures["exactness"][name]["p_value"] <= 1.0
+        assert 0.0 <= figures["exactness"][name]["power"] <= 1.0
+
+
+# 16 x 32 tokens over 16 x 16 transitions: enough to detect the draft-alone law (power ~1 at seed 0).
+POWERFUL_DEMO = dict(vocab_size=16, batch_size=16, length=32, draft_length=2, tree="2,1")
+
+
+def test_demo_verdict_has_power(device):
+    figures = demo.run(demo.DemoConfig(**POWERFUL_DEMO, device=str(device)))
+    assert figures["verdict"] == "consistent"
+    assert min(figures["exactness"][name]["power"] for name in ("chain", "tree")) >= demo.REQUIRED_POWER
+    assert figures["exactness"]["draft"]["p_value"] < demo.SIGNIFICANCE  # the biased control is caught
+
+
+def test_demo_verdict_rejects_a_biased_verifier(monkeypatch, device):
+    """A verifier that accepts every draft emits the draft's law: the verdict must say so."""
+
+    def accept_all(draft_token_ids, target, draft, **_):
+        batch, drafts = draft_token_ids.shape
+        bonus = torch.multinomial(target[:, drafts], 1, generator=torch.Generator(target.device).manual_seed(0))
+        tokens = torch.cat([draft_token_ids, bonus.to(torch.int32)], 1)
+        return tokens, torch.full((batch,), drafts, dtype=torch.int32, device=target.device)
+
+    monkeypatch.setattr(demo, "chain_verify", accept_all)
+    figures = demo.run(demo.DemoConfig(**POWERFUL_DEMO, device=str(device)))
+    assert figures["verdict"] == "rejected"
+    assert figures["exactness"]["chain"]["p_value"] < demo.SIGNIFICANCE
 
 
 def test_leviathan_formulas():
@@ -92,10 +124,17 @@ def test_bench_writes_json_csv_png(tmp_path):
         assert "reference backend only" in result.stdout
 
 
-def test_bench_without_scripts_says_why(tmp_path):
-    result = run_module("bench", "--quick", env={"SPECDEC_BENCH_DIR": str(tmp_path)})
-    assert result.returncode != 0
-    assert "no benchmark scripts" in result.stderr
+def test_bench_says_why_a_provider_gives_no_rows(tmp_path):
+    result = run_module("bench", "--op", "chain_verify", "--providers", "flashinfer,cuda,nonsense", "--output",
+                        str(tmp_path), env={"SPECDEC_BENCH_TINY": "1"})
+    assert result.returncode == 0, result.stderr
+    no_rows = json.loads((tmp_path / "results.json").read_text())["ops"]["chain_verify"]["no_rows"]
+    assert no_rows["nonsense"] == "chain_verify has no such provider"
+    for provider in ("flashinfer", "cuda", "nonsense"):
+        assert f"[chain_verify] no rows for {provider}: {no_rows[provider]}" in result.stdout
+    if not torch.cuda.is_available():
+        assert no_rows["flashinfer"] in ("not installed", "needs a GPU (the device is cpu)")
+        assert no_rows["cuda"] == "not timed on a CPU"
 
 
 def test_chain_verify_minimum_bytes():
