@@ -767,7 +767,9 @@ def add_arguments(parser: argparse.ArgumentParser, with_op: bool = True) -> None
         parser.add_argument("--op", action="append", choices=OPS,
                             help="op to benchmark (repeatable; default: all)")
     parser.add_argument("--quick", action="store_true", help="a short sweep")
-    parser.add_argument("--output", default=None, help=f"output folder (default: bench/results/ of the checkout; ./{INSTALLED_OUTPUT} when installed)")
+    parser.add_argument("--output", default=None,
+                        help=f"output folder (default: bench/results/ of the checkout, ./{INSTALLED_OUTPUT} when "
+                             "installed)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--providers", default=None,
                         help="comma-separated subset of reference,triton,cuda,flashinfer")
