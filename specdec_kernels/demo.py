@@ -441,8 +441,8 @@ def _run(config: DemoConfig, device: torch.device) -> dict:
                        ("plain vs plain (chance, mean of 2)", None), ("draft alone vs plain (biased)", "draft")):
         values = chance if key is None else distances[key]
         print(f"  {label:34s} {values[0]:10.4f} {values[1]:10.4f}")
-    exactness, verdict, message = exactness_check(prompts, {"chain": chain.tokens, "tree": tree.tokens, "draft": draft_only},
-                                         target, draft, config.vocab_size)
+    samples = {"chain": chain.tokens, "tree": tree.tokens, "draft": draft_only}
+    exactness, verdict, message = exactness_check(prompts, samples, target, draft, config.vocab_size)
     print(f"  chi-square test of the transitions against the target's exact law (significance {SIGNIFICANCE}; "
           f"power: against tokens from the draft alone)")
     for label, key in (("chain speculative", "chain"), ("tree speculative", "tree"),
