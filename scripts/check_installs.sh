@@ -25,10 +25,10 @@ export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}"
 step() { echo "== $*"; }
 fail() { echo "FAILED: $*" >&2; exit 1; }
 
-step "scratch venv at $work/venv (torch==2.13.0 CPU, ninja, build)"
+step "scratch venv at $work/venv (torch==2.13.0 CPU, build; ninja comes after the no-ninja check)"
 python3.11 -m venv "$work/venv"
 py="$work/venv/bin/python"
-"$py" -m pip install -q torch==2.13.0 ninja build
+"$py" -m pip install -q torch==2.13.0 build
 
 step "pip wheel . (isolated)"
 rm -rf "$work/wheels" && mkdir -p "$work/wheels"
@@ -44,9 +44,10 @@ step "python -m build (isolated: sdist, then a wheel from it)"
 (cd "$repo" && "$py" -m build --outdir "$work/dist" .) >"$work/build.log" 2>&1 \
     || { tail -n 40 "$work/build.log"; fail "python -m build"; }
 ls "$work/dist"
+sdist_members="$(tar tzf "$work"/dist/specdec_kernels-*.tar.gz)"
 for member in csrc/bindings.cpp csrc/chain_verify.cu csrc/include/specdec/sampling.cuh kernels/chain_verify.py \
               bench/harness.py LICENSE; do
-    tar tzf "$work"/dist/specdec_kernels-*.tar.gz | grep -q "/$member\$" || fail "sdist lacks $member"
+    grep -q "/$member\$" <<<"$sdist_members" || fail "sdist lacks $member"
 done
 
 step "install the wheel; bench --help and the version, outside the checkout"
@@ -62,12 +63,12 @@ nvcc_dir="$(dirname "$(command -v nvcc)")"
 (cd "$repo" && env -u SPECDEC_BUILD_CUDA PATH="$nvcc_dir" "$py" -c "
 import runpy, setuptools, shutil, sys
 setuptools.setup = lambda **kwargs: print('ext_modules:', [e.name for e in kwargs['ext_modules']])
-sys.modules['ninja'] = None  # the PyPI ninja is installed in the venv: hide it as well
 assert shutil.which('ninja') is None
 runpy.run_path('setup.py', run_name='__main__')") 2>&1 | tee "$work/no-ninja.log"
 grep -q 'ninja was not found' "$work/no-ninja.log" && grep -q 'ext_modules: \[\]' "$work/no-ninja.log" \
     || fail "without ninja setup.py did not skip the extension with a notice"
 
+"$py" -m pip install -q ninja
 step "first-use build from the installed wheel (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST, MAX_JOBS=${MAX_JOBS:-all})"
 export SPECDEC_CACHE_DIR="$work/cache"
 rm -rf "$SPECDEC_CACHE_DIR"

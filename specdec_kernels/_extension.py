@@ -62,8 +62,8 @@ def ensure_loaded() -> str | None:
     the first call may take minutes (once per user and source version; the
     build is cached), and is tried once per process.
     """
-    if _import_installed() is None:
-        return None
+    if _import_installed() is None or ("error" in _compiled and _compiled["error"] is None):
+        return None  # the common case, on every CUDA call: no lock
     with _first_use:
         if "error" not in _compiled:
             from . import _jit
