@@ -85,7 +85,7 @@ parents = torch.tensor([[-1, 0, 0, 1]], dtype=torch.int32)
 print("host build_tree mask:", torch.ops.specdec_C.build_tree(parents, None, None)[0].tolist())
 '
 (cd "$work" && "$py" -c "$check_loaded") 2>&1 | tee "$work/jit-first.log"
-library="$(grep -o 'loaded [^ ]*' "$work/jit-first.log" | cut -d' ' -f2)"
+library="$(grep -o '^loaded [^ ]*' "$work/jit-first.log" | cut -d' ' -f2)"
 readelf -d "$library" | grep -E 'NEEDED|RPATH|RUNPATH'
 if readelf -d "$library" | grep -qE 'libcudart|RPATH|RUNPATH'; then fail "the first-use build links a shared libcudart"; fi
 (cd "$work" && "$py" -c "$check_loaded") 2>&1 | tee "$work/jit-second.log"
