@@ -26,7 +26,7 @@ step() { echo "== $*"; }
 fail() { echo "FAILED: $*" >&2; exit 1; }
 
 step "scratch venv at $work/venv (torch==2.13.0 CPU, build; ninja comes after the no-ninja check)"
-python3.11 -m venv "$work/venv"
+python3.11 -m venv --clear "$work/venv"
 py="$work/venv/bin/python"
 "$py" -m pip install -q torch==2.13.0 build
 
