@@ -95,7 +95,7 @@ def _sample_pairs(models, mode, tree_children="topk", seed=1):
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_greedy_tokens_equal_generate(models, mode, backend):
     for op_name in ("build_tree", f"{mode}_verify"):
-        backend_or_skip(op_name, backend)
+        backend_or_skip(op_name, backend, "cpu")  # the example runs on the CPU whatever the test device
     target, draft = models
     prompts = torch.randint(target.config.vocab_size, (3, 5), generator=torch.Generator().manual_seed(2))
     max_new_tokens = 16
