@@ -22,12 +22,12 @@ def device():
     return torch.device(DEVICE)
 
 
-def backend_or_skip(op_name: str, backend: str) -> str:
-    """``backend`` if it can run ``op_name`` on the test device, else skip saying why."""
+def backend_or_skip(op_name: str, backend: str, device: str = DEVICE) -> str:
+    """``backend`` if it can run ``op_name`` on ``device`` (the test device by default), else skip saying why."""
     from specdec_kernels import _backend
 
     try:
-        _backend.resolve(op_name, backend, torch.device(DEVICE))
+        _backend.resolve(op_name, backend, torch.device(device))
     except RuntimeError as error:
         pytest.skip(str(error))
     return backend
