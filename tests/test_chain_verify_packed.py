@@ -361,3 +361,26 @@ def test_triton_reads_no_tensor_value_on_the_host(device, monkeypatch):
     actual = run_packed(case, "triton", 7, offset)
     monkeypatch.undo()
     assert_same(actual, expected, "no host read")
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_cuda_graph_replays_read_new_offsets(backend, device):
+    """Captured once, replayed at new offsets: cu and the rows are read on the device at every replay."""
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    backend_or_skip("chain_verify_packed", backend)
+    case = packed_case([4, 0, 2, 4, 1, 3, 4, 2], 4, 32000, seed=31, device=device, greedy=[5])
+    offset = torch.zeros((), dtype=torch.int64, device=device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compiles and allocates this stream's workspace outside the capture
+        run_packed(case, backend, 5, offset)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        output, num_accepted = run_packed(case, backend, 5, offset)
+    for step in range(1, 4):
+        offset.fill_(step)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same((output, num_accepted), run_padded(case, "reference", 5, step), f"replay at offset {step}")
