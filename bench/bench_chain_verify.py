@@ -22,6 +22,12 @@ input sets):
 * logits: a softmax needs its whole row, so the full target rows
   ``0..a`` and the full draft rows ``0..min(a, K-1)``, the same ids and outputs.
 
+Layouts: ``padded`` (``sk.chain_verify``) everywhere, and ``packed``
+(``sk.chain_verify_packed`` on the same rows, every request with ``K``
+drafts, so its target is a view of the padded one and the two rows of a
+size time the same work) for a few sizes: the cost of finding the rows from
+``cu_num_draft_tokens`` on the device. ``plain`` and FlashInfer run padded only.
+
 Run alone: ``python bench/bench_chain_verify.py [--quick] [--output DIR]``.
 """
 
@@ -52,6 +58,7 @@ NOTES = [
     "matches_reference: bit-exact outputs for probabilities; for logits at least 99% of requests identical "
     "(softmax rounding may differ between backends). flashinfer and plain draw their own random numbers: "
     "not compared.",
+    "layout=packed: sk.chain_verify_packed on the same rows (n_b = K for all; + (B+1) int32 of cu in min_bytes).",
     "plain: the textbook PyTorch verifier (torch.rand, torch.multinomial on the residual; bench/plain_verifier.py); "
     "its 'x ref' column is the reference's time over its time.",
 ]
@@ -60,14 +67,18 @@ NOTES = [
 def configs(settings: harness.Settings) -> list[dict]:
     if settings.tiny:
         sizes = itertools.product((1, 4), (2,), (1000,))
+        packed_sizes = [(4, 2, 1000)]
     elif not settings.is_cuda:
         sizes = itertools.product((1, 8), (4,), (32000,)) if settings.quick else \
             itertools.product((1, 8, 32), (1, 4), (32000,))
-    elif settings.quick:
-        sizes = itertools.product((1, 8, 64, 256), (4,), (128256,))
+        packed_sizes = [(8, 4, 32000)]
     else:
-        sizes = itertools.product((1, 8, 64, 256), (1, 4, 8), (32000, 128256, 151936))
-    return [dict(B=b, K=k, V=v, inputs=inputs) for (b, k, v), inputs in itertools.product(sizes, INPUTS)]
+        sizes = itertools.product((1, 8, 64, 256), (4,), (128256,)) if settings.quick else \
+            itertools.product((1, 8, 64, 256), (1, 4, 8), (32000, 128256, 151936))
+        packed_sizes = [(b, 4, 128256) for b in (1, 8, 64, 256)]
+    return [dict(B=b, K=k, V=v, inputs=inputs, layout=layout)
+            for layout, layout_sizes in (("padded", list(sizes)), ("packed", packed_sizes))
+            for (b, k, v), inputs in itertools.product(layout_sizes, INPUTS)]
 
 
 def _flashinfer():
@@ -92,6 +103,7 @@ class Case:
     def __init__(self, config: dict, settings: harness.Settings):
         self.batch, self.max_drafts, self.vocab = config["B"], config["K"], config["V"]
         self.logits = config["inputs"].startswith("logits")
+        self.packed = config.get("layout") == "packed"
         self.device = settings.device
 
     def make_inputs(self, index: int) -> dict:
@@ -110,12 +122,18 @@ class Case:
         ids = torch.multinomial(draft_probs.view(-1, self.vocab), 1, generator=generator)
         ids = ids.view(self.batch, self.max_drafts).to(torch.int32)
         offset = torch.tensor(index, dtype=torch.int64, device=self.device)
+        if self.packed:  # every request has K drafts: the packed rows are the padded ones, as views
+            cu = torch.arange(0, self.batch + 1, dtype=torch.int32, device=self.device) * self.max_drafts
+            return {"ids": ids.view(-1), "cu": cu, "target": target.view(-1, self.vocab),
+                    "draft": draft.view(-1, self.vocab), "offset": offset}
         return {"ids": ids, "target": target, "draft": draft, "offset": offset}
 
     def set_bytes(self, inputs: dict) -> int:
         return sum(t.numel() * t.element_size() for t in inputs.values())
 
     def supports(self, provider: str) -> bool:
+        if provider in self.UNCOMPARED and self.packed:
+            return False
         return provider != "flashinfer" or not self.logits  # FlashInfer takes probabilities
 
     def call(self, provider: str, inputs: dict):
@@ -123,6 +141,10 @@ class Case:
             return plain_chain_verify(inputs["ids"], inputs["target"], inputs["draft"], logits=self.logits)
         if provider == "flashinfer":
             return _flashinfer().chain_speculative_sampling(inputs["draft"], inputs["ids"], inputs["target"])
+        if self.packed:
+            return sk.chain_verify_packed(inputs["ids"], inputs["cu"], inputs["target"], inputs["draft"],
+                                          max_num_draft_tokens=self.max_drafts, logits=self.logits, seed=SEED,
+                                          offset=inputs["offset"], backend=provider)
         return sk.chain_verify(inputs["ids"], inputs["target"], inputs["draft"], logits=self.logits, seed=SEED,
                                offset=inputs["offset"], backend=provider)
 
@@ -144,6 +166,8 @@ class Case:
             rejected = (accepted < drafts).to(torch.int64)
             per_request = ids_read + accepted * 2 * element + (1 + rejected) * vocab * element
         outputs = self.batch * (drafts + 1) * 4 + self.batch * 4
+        if self.packed:
+            outputs += inputs["cu"].numel() * inputs["cu"].element_size()
         return float(per_request.sum()) + outputs, {"mean_accepted": float(accepted.float().mean())}
 
 

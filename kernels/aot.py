@@ -22,18 +22,25 @@ TARGETS = ((90, "sm_90a"), (80, "sm_80"))
 
 H200_MULTIPROCESSORS = 132
 
-# (batch, drafts, vocabulary, dtype, draft given, logits, per-request seeds): the
-# launcher's configurations for these shapes are the ones compiled. The tiny
-# vocabularies pack the most rows into a program (the register-bound cases).
+# (batch, drafts, vocabulary, dtype, draft given, logits, per-request seeds,
+# packed layout): the launcher's configurations for these shapes are the ones
+# compiled. The tiny vocabularies pack the most rows into a program (the
+# register-bound cases). Packed (chain_verify_packed): the same kernel with
+# PACKED, rows found from cu_num_draft_tokens; one case per mode (probability
+# slices, logits waves, logits walk) and the most rows per program.
 CHAIN_VERIFY_SHAPES = (
-    (1, 4, 128256, "fp32", True, False, False),
-    (64, 8, 151936, "bf16", False, False, True),
-    (64, 4, 128256, "bf16", True, True, True),
-    (512, 4, 128256, "bf16", True, True, True),
-    (8, 1, 32000, "fp16", False, True, False),
-    (256, 3, 8, "fp32", True, False, False),
-    (1024, 8, 1, "fp32", True, False, False),
-    (1024, 8, 16, "bf16", True, True, False),
+    (1, 4, 128256, "fp32", True, False, False, False),
+    (64, 8, 151936, "bf16", False, False, True, False),
+    (64, 4, 128256, "bf16", True, True, True, False),
+    (512, 4, 128256, "bf16", True, True, True, False),
+    (8, 1, 32000, "fp16", False, True, False, False),
+    (256, 3, 8, "fp32", True, False, False, False),
+    (1024, 8, 1, "fp32", True, False, False, False),
+    (1024, 8, 16, "bf16", True, True, False, False),
+    (8, 4, 128256, "fp32", True, False, True, True),
+    (64, 4, 128256, "bf16", True, True, True, True),
+    (512, 4, 128256, "bf16", False, True, False, True),
+    (1024, 8, 16, "bf16", True, True, False, True),
 )
 
 
@@ -109,11 +116,11 @@ def chain_verify_variants():
     from .chain_verify import _chain_verify_kernel
 
     variants = []
-    for batch, drafts, vocab, dtype, draft, logits, per_request in CHAIN_VERIFY_SHAPES:
+    for batch, drafts, vocab, dtype, draft, logits, per_request, packed in CHAIN_VERIFY_SHAPES:
         config = launch_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS)
         signature = {
             "draft_ids_ptr": "*i64", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
-            "num_drafts_ptr": "*i32", "temperature_ptr": "*fp32",
+            "num_drafts_ptr": "*i32", "cu_ptr": "*i64", "temperature_ptr": "*fp32",
             "seed_ptr": "*i64", "seed_low": "i32", "seed_high": "i32",
             "offset_ptr": "*i64", "offset_low": "i32", "offset_high": "i32",
             "output_ptr": "*i32", "num_accepted_ptr": "*i32",
@@ -121,27 +128,30 @@ def chain_verify_variants():
             "stat_sum_ptr": "*fp32", "stat_dmax_ptr": "*fp32", "stat_dsum_ptr": "*fp32",
             "tickets_ptr": "*i32", "wave1_arrivals_ptr": "*i32", "arrivals_ptr": "*i32",
             "timeouts_ptr": "*i32",
-            "batch_size": "i32", "max_drafts": "i32", "vocab_size": "i32", "num_chunks": "i32",
+            "batch_size": "i32", "max_drafts": "i32", "num_tokens": "i32", "vocab_size": "i32", "num_chunks": "i32",
             "num_splits": "i32", "chunks_per_split": "i32",
             "stride_ids_b": "i32", "stride_target_b": "i32", "stride_target_k": "i32",
             "stride_draft_b": "i32", "stride_draft_k": "i32", "stride_output_b": "i32",
         }
         constexprs = {
-            "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": True, "HAS_TEMPERATURE": True, "LOGITS": logits,
+            "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": not packed, "PACKED": packed, "HAS_TEMPERATURE": True,
+            "LOGITS": logits,
             "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
             "WALK": logits and config.num_splits == 1, "ROWS": config.rows, "BLOCK_K1": config.block_k1,
             "BLOCK_V": config.block_v, "SPLIT_TILE": config.split_tile, "CHUNK_TILE": config.chunk_tile,
         }
         signature.update({key: "constexpr" for key in constexprs})
         mode = ("logits walk" if constexprs["WALK"] else "logits waves") if logits else "probs"
-        name = (f"chain_verify B={batch} K={drafts} V={vocab} {dtype} {mode}"
+        name = (f"chain_verify{'_packed' if packed else ''} B={batch} K={drafts} V={vocab} {dtype} {mode}"
                 f"{'' if draft else ' one-hot'} rows={config.rows}")
         options = {"num_warps": 4, "enable_fp_fusion": False}
         if config.max_registers is not None:
             options["maxnreg"] = config.max_registers
-        # Contiguous inputs: the strides and sizes the launcher passes for these shapes.
-        values = {"vocab_size": vocab, "stride_target_b": (drafts + 1) * vocab, "stride_target_k": vocab,
-                  "stride_draft_b": drafts * vocab if draft else 0, "stride_draft_k": vocab if draft else 0}
+        # Contiguous inputs: the strides and sizes the launcher passes for these
+        # shapes (packed rows: both strides are the row stride).
+        values = {"vocab_size": vocab, "stride_target_b": vocab if packed else (drafts + 1) * vocab,
+                  "stride_target_k": vocab, "stride_draft_b": (vocab if packed else drafts * vocab) if draft else 0,
+                  "stride_draft_k": vocab if draft else 0}
         attrs = _jit_divisibility(signature, values, _chain_verify_kernel)
         variants.append((name, _chain_verify_kernel, signature, constexprs, options, attrs))
     return variants

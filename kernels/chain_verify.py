@@ -52,38 +52,45 @@ Every arrival is preceded by ``tl.debug_barrier()`` so the whole program's
 stores are issued before the release (Triton does not promise that barrier
 itself), and followed by one so the acquire covers every thread.
 
-Offsets that multiply a stride are 64-bit (``row_pointers``).
+Layouts. Every row is addressed from a per-request row 0 (``row_at``):
+``_request_rows`` derives the requests' first id, first target row, first
+draft row and draft count from ``num_draft_tokens`` (the padded layout,
+``[B, K+1, V]``) or, with ``PACKED``, from ``cu_num_draft_tokens`` read on
+the device (``chain_verify_packed``: ``[T+B, V]`` rows, read in place). The
+random numbers and workspace slots stay those of request ``b`` position
+``i``, so both layouts give the same tokens for the same rows.
+
+Offsets that multiply a stride are 64-bit (``row_at``).
 """
 
 import triton
 import triton.language as tl
 
 from .chain_verify_finish import greedy_decisions, sampled_tokens, wait_for, write_outputs
-from .chain_verify_rows import inverse_norm, request_temperatures, row_pointers, row_statistics, sample_slice
+from .chain_verify_rows import inverse_norm, request_temperatures, row_at, row_statistics, sample_slice
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import softmax_weight
 
 
 @triton.jit
 def _scan_statistics(
-    target_ptr, draft_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-    requests, active, target_rows, draft_rows, num_drafts, inverse_temperature,
-    split, num_splits, max_drafts, vocab_lo, vocab_hi,
-    stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+    target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
+    requests, active, read_target, read_draft, num_drafts, inverse_temperature,
+    split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
     LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """:func:`row_statistics` of this slice of rows ``0..n_b``, stored at ``[request, position, split]``.
 
-    ``target_rows`` / ``draft_rows`` mask the requests whose rows are read;
+    ``read_target`` / ``read_draft`` mask the requests whose rows are read;
     target rows past ``n_b`` and draft rows past ``n_b - 1`` are not read.
     """
     slot = requests.to(tl.int64) * BLOCK_K1 * num_splits + split
     for position in range(0, max_drafts + 1):
         row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
-            row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)[:, None],
-            row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)[:, None],
-            (target_rows & (position <= num_drafts))[:, None], (draft_rows & (position < num_drafts))[:, None],
+            row_at(target_rows, position, stride_target_k)[:, None],
+            row_at(draft_rows, position, stride_draft_k)[:, None],
+            (read_target & (position <= num_drafts))[:, None], (read_draft & (position < num_drafts))[:, None],
             inverse_temperature, vocab_lo, vocab_hi, LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
         here = slot + position * num_splits
         tl.store(stat_max_ptr + here, row_max, mask=active)
@@ -97,8 +104,8 @@ def _scan_statistics(
 
 @triton.jit
 def _walk_rows(
-    target_ptr, draft_ptr, requests, active, greedy, sampled, num_drafts, valid, safe_ids, inverse_temperature,
-    k0, k1, c2, c3, max_drafts, vocab_size, stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+    target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, valid, safe_ids, inverse_temperature,
+    k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
     HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """Logits when a program holds whole rows: decide position by position.
@@ -120,8 +127,8 @@ def _walk_rows(
         here = positions == position
         token = tl.sum(tl.where(here, safe_ids, 0), axis=1)
         drafted = going & (position < num_drafts) & (tl.max((here & valid).to(tl.int32), axis=1) > 0)
-        target_row = row_pointers(target_ptr, requests, stride_target_b, position, stride_target_k)
-        draft_row = row_pointers(draft_ptr, requests, stride_draft_b, position, stride_draft_k)
+        target_row = row_at(target_rows, position, stride_target_k)
+        draft_row = row_at(draft_rows, position, stride_draft_k)
         row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
             target_row[:, None], draft_row[:, None], going[:, None],
             (going & sampled & (position < num_drafts))[:, None],
@@ -179,32 +186,69 @@ def _combine_normalisers(stat_max_ptr, stat_sum_ptr, requests, rows, num_splits,
 
 
 @triton.jit
-def _draft_tokens(draft_ids_ptr, requests, active, num_drafts, vocab_size, stride_ids_b, BLOCK_K1: tl.constexpr):
-    """Draft ids ``[ROWS, BLOCK_K1]`` (int64, -1 past ``n_b``), their validity and the ids clamped into range."""
+def _draft_tokens(first_ids, active, num_drafts, vocab_size, BLOCK_K1: tl.constexpr):
+    """Draft ids ``[ROWS, BLOCK_K1]`` (int64, -1 past ``n_b``), their validity and the ids clamped into range.
+
+    ``first_ids`` points at each request's first id (ids are contiguous).
+    """
     positions = tl.arange(0, BLOCK_K1)[None, :]
     in_chain = active[:, None] & (positions < num_drafts[:, None])
-    token_ids = tl.load(draft_ids_ptr + requests[:, None].to(tl.int64) * stride_ids_b + positions,
-                        mask=in_chain, other=-1).to(tl.int64)
+    token_ids = tl.load(first_ids[:, None] + positions, mask=in_chain, other=-1).to(tl.int64)
     valid = in_chain & (token_ids >= 0) & (token_ids < vocab_size)
     return in_chain, token_ids, valid, tl.where(valid, token_ids, 0)
 
 
+@triton.jit
+def _request_rows(draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, requests, active, max_drafts,
+                  num_tokens, stride_ids_b, stride_target_b, stride_draft_b,
+                  HAS_NUM_DRAFTS: tl.constexpr, PACKED: tl.constexpr, ROWS: tl.constexpr):
+    """Where each request's rows start, and its draft count: ``(first_ids, target_rows, draft_rows, num_drafts)``.
+
+    Padded: request ``b``'s row 0 is at ``b * stride_b``. ``PACKED``: its
+    drafts are ``cu[b] .. cu[b+1] - 1`` and its target rows start at
+    ``cu[b] + b``, with ``stride_b`` the row stride; malformed values are
+    clamped as ``reference/chain_verify_packed.packed_requests`` says
+    (``start`` into ``[0, T]``, ``end`` into ``[start, T]``, the count to at
+    most ``K``), so no row outside the tensors is ever read.
+    """
+    if PACKED:
+        start = tl.load(cu_ptr + requests, mask=active, other=0).to(tl.int64)
+        end = tl.load(cu_ptr + requests + 1, mask=active, other=0).to(tl.int64)
+        start = tl.minimum(tl.maximum(start, 0), num_tokens)
+        end = tl.minimum(tl.maximum(end, start), num_tokens)
+        num_drafts = tl.minimum(end - start, max_drafts).to(tl.int32)
+        first_target = start + requests
+        first_draft = start
+    else:
+        if HAS_NUM_DRAFTS:
+            num_drafts = tl.load(num_drafts_ptr + requests, mask=active, other=0)
+            num_drafts = tl.minimum(tl.maximum(num_drafts, 0), max_drafts)
+        else:
+            num_drafts = tl.full((ROWS,), 0, tl.int32) + max_drafts
+        first_target = requests.to(tl.int64)
+        first_draft = requests.to(tl.int64)
+    first_ids = draft_ids_ptr + first_draft * stride_ids_b
+    first_target_row = target_ptr + first_target * stride_target_b
+    return first_ids, first_target_row, draft_ptr + first_draft * stride_draft_b, num_drafts
+
+
 @triton.jit(do_not_specialize=[
-    "seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "max_drafts", "num_chunks",
+    "seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "max_drafts", "num_tokens", "num_chunks",
     "num_splits", "chunks_per_split", "stride_ids_b", "stride_output_b",
 ])
 def _chain_verify_kernel(
-    draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, temperature_ptr,
+    draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, temperature_ptr,
     seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
     output_ptr, num_accepted_ptr,
     # workspace: chunk results [B, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters
     chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
     tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, timeouts_ptr,
-    batch_size, max_drafts, vocab_size, num_chunks, num_splits, chunks_per_split,
+    batch_size, max_drafts, num_tokens, vocab_size, num_chunks, num_splits, chunks_per_split,
     # Row strides stay specialised (Triton keys only on "== 1" and "% 16"), so a
     # vocabulary stride divisible by 16 gives vector loads without recompiles.
+    # Packed: the "_b" strides are row strides too (see _request_rows).
     stride_ids_b, stride_target_b, stride_target_k, stride_draft_b, stride_draft_k, stride_output_b,
-    HAS_DRAFT: tl.constexpr, HAS_NUM_DRAFTS: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+    HAS_DRAFT: tl.constexpr, HAS_NUM_DRAFTS: tl.constexpr, PACKED: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
     LOGITS: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
     OFFSET_PER_REQUEST: tl.constexpr, WALK: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_TILE: tl.constexpr,
@@ -229,38 +273,35 @@ def _chain_verify_kernel(
     active = requests < batch_size
     greedy, sampled, inverse_temperature = request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE,
                                                                 ROWS)
-    if HAS_NUM_DRAFTS:
-        num_drafts = tl.load(num_drafts_ptr + requests, mask=active, other=0)
-        num_drafts = tl.minimum(tl.maximum(num_drafts, 0), max_drafts)
-    else:
-        num_drafts = tl.full((ROWS,), 0, tl.int32) + max_drafts
+    first_ids, target_rows, draft_rows, num_drafts = _request_rows(
+        draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, requests, active, max_drafts, num_tokens,
+        stride_ids_b, stride_target_b, stride_draft_b, HAS_NUM_DRAFTS, PACKED, ROWS)
     positions = tl.arange(0, BLOCK_K1)[None, :]
 
     if WALK:
-        in_chain, token_ids, valid, safe_ids = _draft_tokens(draft_ids_ptr, requests, active, num_drafts,
-                                                             vocab_size, stride_ids_b, BLOCK_K1)
+        in_chain, token_ids, valid, safe_ids = _draft_tokens(first_ids, active, num_drafts, vocab_size,
+                                                             BLOCK_K1)
         k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                      requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
         stop, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm, greedy_token = _walk_rows(
-            target_ptr, draft_ptr, requests, active, greedy, sampled, num_drafts, valid, safe_ids,
-            inverse_temperature, k0, k1, c2, c3, max_drafts, vocab_size,
-            stride_target_b, stride_target_k, stride_draft_b, stride_draft_k, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V)
+            target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, valid, safe_ids,
+            inverse_temperature, k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
+            HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V)
         at_stop = positions == stop[:, None]
         subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
         if tl.max(sampled.to(tl.int32), axis=0) > 0:
             sample_slice(
-                target_ptr, draft_ptr, chunk_total_ptr, chunk_pick_ptr,
+                target_rows, draft_rows, chunk_total_ptr, chunk_pick_ptr,
                 requests, sampled, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
                 stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm,
                 inverse_temperature, k0, k1, c2, c3, num_chunks, 0, num_chunks, vocab_size,
-                stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
-                LOGITS, HAS_DRAFT, BLOCK_V,
+                stride_target_k, stride_draft_k, LOGITS, HAS_DRAFT, BLOCK_V,
             )
         tl.debug_barrier()  # the chunk results this program wrote, visible to all its threads
         token = tl.where(greedy, greedy_token, sampled_tokens(
-            target_ptr, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max,
-            stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_b,
-            stride_target_k, LOGITS, ROWS, BLOCK_V, CHUNK_TILE))
+            target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max,
+            stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_k,
+            LOGITS, ROWS, BLOCK_V, CHUNK_TILE))
         write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
                       stride_output_b, BLOCK_K1)
     else:
@@ -270,10 +311,9 @@ def _chain_verify_kernel(
             publishes = False
         if publishes:
             _scan_statistics(
-                target_ptr, draft_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
+                target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
                 requests, active, active, sampled, num_drafts, inverse_temperature,
-                split, num_splits, max_drafts, vocab_lo, vocab_hi,
-                stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+                split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
                 LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
             )
             tl.debug_barrier()
@@ -283,22 +323,21 @@ def _chain_verify_kernel(
                 wait_for(wave1_arrivals_ptr + row_block, num_splits, timeouts_ptr)
             elif tl.max(greedy.to(tl.int32), axis=0) > 0:
                 _scan_statistics(
-                    target_ptr, draft_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
+                    target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
                     requests, active, greedy, greedy, num_drafts, inverse_temperature,
-                    split, num_splits, max_drafts, vocab_lo, vocab_hi,
-                    stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+                    split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
                     LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
                 )
 
             # Acceptance tests of sampled requests at every position (gathers only).
-            in_chain, token_ids, valid, safe_ids = _draft_tokens(draft_ids_ptr, requests, active, num_drafts,
-                                                                 vocab_size, stride_ids_b, BLOCK_K1)
+            in_chain, token_ids, valid, safe_ids = _draft_tokens(first_ids, active, num_drafts, vocab_size,
+                                                                 BLOCK_K1)
             gather = valid & sampled[:, None]
-            target_at = tl.load(row_pointers(target_ptr, requests[:, None], stride_target_b, positions,
-                                              stride_target_k) + safe_ids, mask=gather, other=0.0).to(tl.float32)
+            target_at = tl.load(row_at(target_rows[:, None], positions, stride_target_k) + safe_ids, mask=gather,
+                                other=0.0).to(tl.float32)
             if HAS_DRAFT:
-                draft_at = tl.load(row_pointers(draft_ptr, requests[:, None], stride_draft_b, positions,
-                                                 stride_draft_k) + safe_ids, mask=gather, other=0.0).to(tl.float32)
+                draft_at = tl.load(row_at(draft_rows[:, None], positions, stride_draft_k) + safe_ids, mask=gather,
+                                   other=0.0).to(tl.float32)
             else:
                 draft_at = tl.full((ROWS, BLOCK_K1), 1.0, tl.float32)
             target_max = tl.zeros((ROWS, BLOCK_K1), tl.float32)
@@ -329,11 +368,11 @@ def _chain_verify_kernel(
 
             if tl.max(sampled.to(tl.int32), axis=0) > 0:
                 sample_slice(
-                    target_ptr, draft_ptr, chunk_total_ptr, chunk_pick_ptr,
+                    target_rows, draft_rows, chunk_total_ptr, chunk_pick_ptr,
                     requests, sampled, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
                     stop_max, stop_inverse_norm, tl.sum(tl.where(at_stop, draft_max, 0.0), axis=1),
-                    tl.sum(tl.where(at_stop, draft_inverse_norm, 0.0), axis=1), inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
-                    stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+                    tl.sum(tl.where(at_stop, draft_inverse_norm, 0.0), axis=1), inverse_temperature, k0, k1, c2, c3,
+                    num_chunks, chunk_lo, chunk_hi, vocab_size, stride_target_k, stride_draft_k,
                     LOGITS, HAS_DRAFT, BLOCK_V,
                 )
 
@@ -350,9 +389,9 @@ def _chain_verify_kernel(
                     stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, valid, in_chain, num_drafts,
                     num_splits, max_drafts, LOGITS, ROWS, BLOCK_K1, SPLIT_TILE)
                 token = tl.where(greedy, greedy_token, sampled_tokens(
-                    target_ptr, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max,
-                    stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_b,
-                    stride_target_k, LOGITS, ROWS, BLOCK_V, CHUNK_TILE))
+                    target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max,
+                    stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_k,
+                    LOGITS, ROWS, BLOCK_V, CHUNK_TILE))
                 write_outputs(output_ptr, num_accepted_ptr, requests, active, tl.where(greedy, greedy_stop, stop),
                               token, token_ids, max_drafts, stride_output_b, BLOCK_K1)
 

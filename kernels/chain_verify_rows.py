@@ -20,26 +20,38 @@ def row_pointers(base_ptr, requests, stride_request, position, stride_position):
     ``K * stride`` passes ``2**31`` for strided inputs; ``aot.py`` checks the
     PTX for any 32-bit use of a stride.
     """
-    return base_ptr + requests.to(tl.int64) * stride_request + tl.cast(position, tl.int64) * stride_position
+    return row_at(base_ptr + requests.to(tl.int64) * stride_request, position, stride_position)
+
+
+@triton.jit
+def row_at(first_row, position, stride_position):
+    """Row ``position`` of requests whose row 0 is at ``first_row``: ``first_row + position * stride`` in 64 bits.
+
+    The chain kernel addresses every row this way, so one kernel serves the
+    padded layout and the packed one (only ``first_row`` differs).
+    """
+    return first_row + tl.cast(position, tl.int64) * stride_position
 
 
 @triton.jit
 def sample_slice(
-    target_ptr, draft_ptr, chunk_total_ptr, chunk_pick_ptr,
+    target_rows, draft_rows, chunk_total_ptr, chunk_pick_ptr,
     requests, sampled, subtract, stop, stop_token, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm,
     inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
-    stride_target_b, stride_target_k, stride_draft_b, stride_draft_k,
+    stride_target_k, stride_draft_k,
     LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """Chunk totals and candidates of chunks ``[chunk_lo, chunk_hi)`` of row ``stop``, stored at ``[request, chunk]``.
 
-    The weights are the residual ``max(0, p - q)`` where ``subtract``, else
-    ``p``; with ``LOGITS`` the rows are logits normalised by the stop row's
+    ``target_rows`` / ``draft_rows`` point at each request's row 0 (rows
+    ``stride_target_k`` / ``stride_draft_k`` apart). The weights are the
+    residual ``max(0, p - q)`` where ``subtract``, else ``p``; with
+    ``LOGITS`` the rows are logits normalised by the stop row's
     ``(max, 1 / sum)``. ``sampled`` masks the requests.
     """
     vocab = tl.arange(0, BLOCK_V)[None, :]
-    target_row = row_pointers(target_ptr, requests, stride_target_b, stop, stride_target_k)[:, None]
-    draft_row = row_pointers(draft_ptr, requests, stride_draft_b, stop, stride_draft_k)[:, None]
+    target_row = row_at(target_rows, stop, stride_target_k)[:, None]
+    draft_row = row_at(draft_rows, stop, stride_draft_k)[:, None]
     slot = requests.to(tl.int64) * num_chunks
     subtracting = subtract[:, None]
     for chunk in range(chunk_lo, chunk_hi):

@@ -1,14 +1,15 @@
 """Fused, exact kernels for speculative decoding.
 
 ``import specdec_kernels as sk``; the ops are ``sk.chain_verify``,
-``sk.tree_verify``, ``sk.build_tree``, ``sk.tree_attention`` and
-``sk.compact_kv`` (contract: docs/ and the README), also registered as
-``torch.ops.specdec.<name>``.
+``sk.chain_verify_packed``, ``sk.tree_verify``, ``sk.build_tree``,
+``sk.tree_attention`` and ``sk.compact_kv`` (contract: docs/ and the
+README), also registered as ``torch.ops.specdec.<name>``.
 """
 
 from ._extension import cuda_extension_available
 from .ops.build_tree import TreeInfo, build_tree
 from .ops.chain_verify import chain_verify
+from .ops.chain_verify_packed import chain_verify_packed
 from .ops.compact_kv import compact_kv
 from .ops.tree_attention import tree_attention
 from .ops.tree_verify import tree_verify
@@ -21,6 +22,7 @@ __all__ = [
     "TreeInfo",
     "build_tree",
     "chain_verify",
+    "chain_verify_packed",
     "compact_kv",
     "cuda_extension_available",
     "reserve_workspace",

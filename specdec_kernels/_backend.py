@@ -17,7 +17,8 @@ BACKENDS = ("auto", "reference", "triton", "cuda")
 
 # Ops with a Triton kernel (kernels/<op>.py) and with a CUDA kernel in the
 # extension (csrc/<op>.cu); every op has a reference.
-TRITON_OPS = frozenset({"chain_verify", "tree_verify", "build_tree", "compact_kv", "tree_attention"})
+TRITON_OPS = frozenset(
+    {"chain_verify", "chain_verify_packed", "tree_verify", "build_tree", "compact_kv", "tree_attention"})
 
 
 def triton_interpreter_enabled() -> bool:

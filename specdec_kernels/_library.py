@@ -28,6 +28,11 @@ SCHEMAS = {
         "Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, int seed=0, "
         "Tensor? offset_tensor=None, int offset=0, str backend=\"auto\") -> (Tensor, Tensor)"
     ),
+    "chain_verify_packed": (
+        "chain_verify_packed(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target, Tensor? draft, "
+        "int max_num_draft_tokens, Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, "
+        "int seed=0, Tensor? offset_tensor=None, int offset=0, str backend=\"auto\") -> (Tensor, Tensor)"
+    ),
     "tree_verify": (
         "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft=None, "
         "Tensor? num_nodes=None, Tensor? temperature=None, bool logits=False, "

@@ -39,6 +39,12 @@ def opcheck_cases(device):
     seeds = torch.tensor([1, 2, 3], device=device)
     yield "chain_verify", (draft_ids, target, draft, None, None, False, None, 5, None, 0)
     yield "chain_verify", (draft_ids, target, None, None, None, False, seeds, 0, offset, 0)
+    # The same requests packed: request b's drafts and target rows concatenated.
+    cu = torch.tensor([0, 3, 6, 9], dtype=torch.int32, device=device)
+    yield "chain_verify_packed", (draft_ids.reshape(-1), cu, target.reshape(-1, target.shape[-1]),
+                                  draft.reshape(-1, draft.shape[-1]), 3, None, False, None, 5, None, 0)
+    yield "chain_verify_packed", (draft_ids.reshape(-1), cu.long(), target.reshape(-1, target.shape[-1]), None, 4,
+                                  None, False, seeds, 0, offset, 0)
     tokens, parents, tree_target = tree_inputs(device)
     yield "tree_verify", (tokens, parents, tree_target, None, None, None, False, "without_replacement",
                           None, 3, None, 1)
@@ -51,7 +57,7 @@ def opcheck_cases(device):
 
 
 def test_every_op_in_the_contract_is_registered():
-    for name in ("chain_verify", "tree_verify", "build_tree", "tree_attention", "compact_kv"):
+    for name in ("chain_verify", "chain_verify_packed", "tree_verify", "build_tree", "tree_attention", "compact_kv"):
         assert hasattr(torch.ops.specdec, name)
         assert name in _library.SCHEMAS
 
@@ -78,6 +84,25 @@ def test_chain_verify_under_torch_compile_fullgraph(device):
     offset = torch.tensor(3, device=device)
     tokens, emitted = verify(draft_ids, target, draft, offset)
     expected = sk.chain_verify(draft_ids, target, draft, seed=9, offset=offset, backend="reference")
+    assert torch.equal(tokens, expected[0]) and torch.equal(emitted, expected[1] + 1)
+
+
+def test_chain_verify_packed_under_torch_compile_fullgraph(device):
+    draft_ids, target, draft = chain_inputs(device)
+    cu = torch.tensor([0, 3, 3, 5], device=device)
+    ids, rows, draft_rows = draft_ids.reshape(-1)[:5], target.reshape(-1, 40)[:8], draft.reshape(-1, 40)[:5]
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def verify(ids, cu, rows, draft_rows, offset):
+        tokens, accepted = sk.chain_verify_packed(ids, cu, rows, draft_rows, max_num_draft_tokens=4, seed=9,
+                                                  offset=offset, backend="reference")
+        return tokens, accepted + 1
+
+    offset = torch.tensor(3, device=device)
+    tokens, emitted = verify(ids, cu, rows, draft_rows, offset)
+    expected = sk.chain_verify_packed(ids, cu, rows, draft_rows, max_num_draft_tokens=4, seed=9, offset=offset,
+                                      backend="reference")
+    assert tokens.shape == (3, 5)
     assert torch.equal(tokens, expected[0]) and torch.equal(emitted, expected[1] + 1)
 
 

@@ -1,4 +1,5 @@
-"""Launchers for chain_verify: the Triton kernel (configuration, workspace, one launch) and the CUDA extension."""
+"""Launchers for chain_verify and chain_verify_packed: the Triton kernel (configuration, workspace, one launch) and
+the CUDA extension. Both layouts run the same kernels; only how a request's rows are found differs."""
 
 from __future__ import annotations
 
@@ -128,19 +129,48 @@ def split_words(value: int) -> tuple[int, int]:
 
 def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
                         seed_tensor, seed, offset_tensor, offset):
+    batch_size, rows_per_request, _ = target.shape
+    return _triton_launch(draft_token_ids, target, draft, num_draft_tokens, None, temperature, logits, seed_tensor,
+                          seed, offset_tensor, offset, batch_size, rows_per_request - 1)
+
+
+def triton_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
+                               seed_tensor, seed, offset_tensor, offset):
+    """The packed layout: the kernel reads ``cu_num_draft_tokens`` and the packed rows in place (no padded copy)."""
+    return _triton_launch(draft_token_ids, target, draft, None, cu_num_draft_tokens, temperature, logits, seed_tensor,
+                          seed, offset_tensor, offset, cu_num_draft_tokens.shape[0] - 1, max_drafts)
+
+
+def _layout_strides(tensor):
+    """``(stride to a request's row 0, stride between its rows)``: ``[B, K, V]``, or packed ``[rows, V]`` rows."""
+    if tensor is None:
+        return 0, 0
+    return (tensor.stride(0), tensor.stride(1)) if tensor.dim() == 3 else (tensor.stride(0), tensor.stride(0))
+
+
+def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, temperature, logits,
+                   seed_tensor, seed, offset_tensor, offset, batch_size, max_drafts):
+    """One launch of the chain kernel; ``cu_num_draft_tokens`` given means the packed layout."""
     from .._kernels.chain_verify import _chain_verify_kernel
 
-    batch_size, rows_per_request, vocab_size = target.shape
-    max_drafts = rows_per_request - 1
+    rows_per_request = max_drafts + 1
+    vocab_size = target.shape[-1]
     device = target.device
     output = torch.empty((batch_size, rows_per_request), dtype=torch.int32, device=device)
     num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
     if batch_size == 0:
         return output, num_accepted
+    packed = cu_num_draft_tokens is not None
+    num_tokens = draft_token_ids.shape[0] if packed else 0
+    if packed and num_tokens == 0:
+        # Every n_b is 0, so no id or draft row is read; an empty tensor's
+        # null data pointer is no kernel argument on every Triton version.
+        draft_token_ids, draft = cu_num_draft_tokens, None
     # The kernel takes row strides and assumes unit stride along the last dim.
-    draft_token_ids, target, draft, num_draft_tokens, temperature, seed_tensor, offset_tensor = (
+    draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, temperature, seed_tensor, offset_tensor = (
         unit_last_stride(tensor)
-        for tensor in (draft_token_ids, target, draft, num_draft_tokens, temperature, seed_tensor, offset_tensor)
+        for tensor in (draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, temperature,
+                       seed_tensor, offset_tensor)
     )
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors)
@@ -157,15 +187,16 @@ def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temper
         _chain_verify_kernel[(waves * row_blocks * config.num_splits,)](
             draft_token_ids, target, placeholder if draft is None else draft,
             placeholder if num_draft_tokens is None else num_draft_tokens,
+            placeholder if cu_num_draft_tokens is None else cu_num_draft_tokens,
             placeholder if temperature is None else temperature,
             placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
             placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
             output, num_accepted,
             *scratch.values(),
-            batch_size, max_drafts, vocab_size, config.num_chunks, config.num_splits, config.chunks_per_split,
-            draft_token_ids.stride(0), target.stride(0), target.stride(1),
-            0 if draft is None else draft.stride(0), 0 if draft is None else draft.stride(1), output.stride(0),
-            HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None,
+            batch_size, max_drafts, num_tokens, vocab_size, config.num_chunks, config.num_splits,
+            config.chunks_per_split,
+            draft_token_ids.stride(0), *_layout_strides(target), *_layout_strides(draft), output.stride(0),
+            HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None, PACKED=packed,
             HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
             SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
             OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, WALK=walk,
@@ -210,19 +241,37 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     }
 
 
+def _cuda_outputs_and_workspace(batch_size, max_drafts, vocab_size, logits, device):
+    """``(output_token_ids, num_accepted, workspace, arrivals)`` of one CUDA call; no workspace when ``B == 0``."""
+    output = torch.empty((batch_size, max_drafts + 1), dtype=torch.int32, device=device)
+    num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
+    if batch_size == 0:
+        return output, num_accepted, None, None
+    scratch = _workspace.buffers(device, cuda_workspace_specs(batch_size, max_drafts + 1, vocab_size, logits, device))
+    return (output, num_accepted, *scratch.values())
+
+
 def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
                       seed_tensor, seed, offset_tensor, offset):
     batch_size, rows_per_request, vocab_size = target.shape
-    device = target.device
-    output = torch.empty((batch_size, rows_per_request), dtype=torch.int32, device=device)
-    num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
-    if batch_size == 0:
-        return output, num_accepted
-    scratch = _workspace.buffers(device, cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits,
-                                                              device))
-    workspace, arrivals = scratch.values()
-    torch.ops.specdec_C.chain_verify(
-        draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-        seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
-    )
+    output, num_accepted, workspace, arrivals = _cuda_outputs_and_workspace(
+        batch_size, rows_per_request - 1, vocab_size, logits, target.device)
+    if batch_size > 0:
+        torch.ops.specdec_C.chain_verify(
+            draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
+            seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
+        )
+    return output, num_accepted
+
+
+def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
+                             seed_tensor, seed, offset_tensor, offset):
+    batch_size = cu_num_draft_tokens.shape[0] - 1
+    output, num_accepted, workspace, arrivals = _cuda_outputs_and_workspace(
+        batch_size, max_drafts, target.shape[-1], logits, target.device)
+    if batch_size > 0:
+        torch.ops.specdec_C.chain_verify_packed(
+            draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
+            seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
+        )
     return output, num_accepted

@@ -92,12 +92,7 @@ def chain_verify(
     check.tensor("draft_token_ids", draft_token_ids, (batch_size, max_drafts), _validation.TOKEN_DTYPES, "[B, K]")
     check.optional_tensor("draft", draft, (batch_size, max_drafts, vocab_size), _validation.FLOAT_DTYPES, "[B, K, V]")
     num_draft_tokens = check.counts("num_draft_tokens", num_draft_tokens, batch_size)
-    temperature = check.temperature(temperature, batch_size)
-    if not isinstance(logits, bool):
-        check.fail(f"`logits` must be a bool; got {type(logits).__name__}", TypeError)
-    if vocab_size < 1:
-        check.fail("`target` must have a vocabulary of at least 1 (V >= 1); got V = 0")
-    check.random_state(batch_size, seed, offset)
+    temperature = check_sampling_arguments(check, batch_size, vocab_size, temperature, logits, seed, offset)
     resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
         _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab_size)
@@ -107,6 +102,20 @@ def chain_verify(
         draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
         seed_tensor, seed_int, offset_tensor, offset_int, resolved,
     )
+
+
+def check_sampling_arguments(check, batch_size, vocab_size, temperature, logits, seed, offset):
+    """The checks ``chain_verify`` and ``chain_verify_packed`` share once their layouts gave ``B`` and ``V``.
+
+    Returns ``temperature`` as the ops take it (``None`` or float32 ``[B]``).
+    """
+    temperature = check.temperature(temperature, batch_size)
+    if not isinstance(logits, bool):
+        check.fail(f"`logits` must be a bool; got {type(logits).__name__}", TypeError)
+    if vocab_size < 1:
+        check.fail("`target` must have a vocabulary of at least 1 (V >= 1); got V = 0")
+    check.random_state(batch_size, seed, offset)
+    return temperature
 
 
 def _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab_size):

@@ -61,6 +61,13 @@
 // rejections and are never gathered, num_draft_tokens is clamped to [0, K],
 // and only rows 0..n are read. Every offset is int64.
 //
+// Layouts. The block program addresses a request's rows from its row 0
+// (request_rows): padded, [B, K+1, V] with num_draft_tokens; packed
+// (sk.chain_verify_packed), target [T+B, V], draft [T, V] and ids [T] read
+// in place, with request b's rows found from cu_num_draft_tokens on the
+// device. Random numbers and workspace slots are those of request b
+// position i in both, so both give the same tokens for the same rows.
+//
 // The block program is written against the Block interface (block.cuh):
 // DeviceBlock runs it in the kernel; csrc/chain_verify.cu runs it on the host
 // as the CPU implementation of torch.ops.specdec_C.chain_verify, so CPU tests
@@ -75,6 +82,7 @@
 #include <cuda_runtime_api.h>
 
 #include "specdec/common.cuh"
+#include "specdec/index.cuh"
 #include "specdec/rng.cuh"
 #include "specdec/sampling.cuh"
 
@@ -86,17 +94,21 @@ constexpr int64_t kChainErrorWord = 1;
 constexpr int64_t kChainFirstArrivalWord = 2;
 
 // Everything a call reads and writes. Tensors are raw pointers; the last dim
-// of target/draft and of the outputs is contiguous.
+// of target/draft and of the outputs is contiguous. Shapes are those of the
+// padded layout; the packed one (cu_num_draft_tokens given) is in brackets,
+// and its "_b" strides are row strides, equal to the "_k" ones.
 struct ChainVerifyArgs {
-  const void* draft_token_ids = nullptr;  // [B, K] TokenDtype
+  const void* draft_token_ids = nullptr;  // [B, K] ([T]) TokenDtype
   int64_t ids_stride_b = 0, ids_stride_k = 0;
   TokenDtype token_dtype = TokenDtype::kInt64;
-  const void* target = nullptr;  // [B, K+1, V] ProbDtype
+  const void* target = nullptr;  // [B, K+1, V] ([T+B, V]) ProbDtype
   int64_t target_stride_b = 0, target_stride_k = 0;
-  const void* draft = nullptr;  // [B, K, V], same dtype as target, or nullptr: one-hot drafts
+  const void* draft = nullptr;  // [B, K, V] ([T, V]), same dtype as target, or nullptr: one-hot drafts
   int64_t draft_stride_b = 0, draft_stride_k = 0;
   ProbDtype prob_dtype = ProbDtype::kFloat32;
-  const int32_t* num_draft_tokens = nullptr;  // [B] or nullptr: K
+  const int32_t* num_draft_tokens = nullptr;  // [B] or nullptr: K (padded)
+  IndexTensor cu_num_draft_tokens;            // [B+1] int32 or int64 (packed), data nullptr: padded
+  int64_t num_tokens = 0;                     // T (packed)
   const float* temperature = nullptr;         // [B] or nullptr: 1
   bool logits = false;
   RngArgs rng;

@@ -135,6 +135,35 @@ SPECDEC_HOST_DEVICE void write_outputs(const Block& block, const Request<Prob, T
   if (block.thread() == 0) *num_accepted = static_cast<int32_t>(outcome.stop);
 }
 
+// Where request b's rows start (in rows of each tensor's "_b" stride) and its
+// draft count. Padded: row 0 of request b is row b, n = num_draft_tokens[b]
+// clamped to [0, K]. Packed: start = clamp(cu[b], 0, T) and end =
+// clamp(cu[b+1], start, T); ids and draft rows from start, target rows from
+// start + b, n = min(end - start, K). A malformed cu is read that way on
+// every backend (specdec_kernels/reference/chain_verify_packed.py), so no row
+// outside the tensors is read.
+struct RequestRows {
+  int64_t first_draft;   // ids and draft
+  int64_t first_target;  // target
+  int64_t num_drafts;
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RequestRows request_rows(const ChainVerifyArgs& args, int64_t b) {
+  const int64_t max_drafts = args.max_drafts;
+  if (args.cu_num_draft_tokens.data == nullptr) {
+    int64_t num_drafts = args.num_draft_tokens == nullptr ? max_drafts : args.num_draft_tokens[b];
+    num_drafts = num_drafts < 0 ? 0 : (num_drafts > max_drafts ? max_drafts : num_drafts);
+    return {b, b, num_drafts};
+  }
+  const int64_t num_tokens = args.num_tokens;
+  int64_t start = args.cu_num_draft_tokens[b];
+  start = start < 0 ? 0 : (start > num_tokens ? num_tokens : start);
+  int64_t end = args.cu_num_draft_tokens[b + 1];
+  end = end < start ? start : (end > num_tokens ? num_tokens : end);
+  const int64_t count = end - start;
+  return {start, start + b, count < max_drafts ? count : max_drafts};
+}
+
 // One block: its role (wave, request, split) from its linear id, or from a
 // ticket when some blocks wait on others (chain_verify.cuh, "Waiting").
 template <class Block, class Prob, class Token>
@@ -165,18 +194,19 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   const int64_t vocab_hi = vocab_end < args.vocab_size ? vocab_end : args.vocab_size;
   const int64_t max_drafts = args.max_drafts;
 
+  const RequestRows rows = request_rows(args, b);
   Request<Prob, Token> request;
-  request.ids = static_cast<const Token*>(args.draft_token_ids) + b * args.ids_stride_b;
+  request.ids = static_cast<const Token*>(args.draft_token_ids) + rows.first_draft * args.ids_stride_b;
   request.ids_stride = args.ids_stride_k;
-  request.target = static_cast<const Prob*>(args.target) + b * args.target_stride_b;
+  request.target = static_cast<const Prob*>(args.target) + rows.first_target * args.target_stride_b;
   request.target_stride = args.target_stride_k;
-  request.draft = args.draft == nullptr ? nullptr : static_cast<const Prob*>(args.draft) + b * args.draft_stride_b;
+  request.draft =
+      args.draft == nullptr ? nullptr : static_cast<const Prob*>(args.draft) + rows.first_draft * args.draft_stride_b;
   request.draft_stride = args.draft_stride_k;
   const float temperature = args.temperature == nullptr ? 1.0f : args.temperature[b];
   request.greedy = temperature == 0.0f;
   request.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
-  int64_t num_drafts = args.num_draft_tokens == nullptr ? max_drafts : args.num_draft_tokens[b];
-  num_drafts = num_drafts < 0 ? 0 : (num_drafts > max_drafts ? max_drafts : num_drafts);
+  const int64_t num_drafts = rows.num_drafts;
   request.num_drafts = num_drafts;
   request.vocab_size = args.vocab_size;
 

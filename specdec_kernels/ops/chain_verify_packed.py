@@ -1,0 +1,161 @@
+"""``sk.chain_verify_packed``: validate, allocate, dispatch (the packed ragged layout of ``chain_verify``)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _backend, _library, _validation
+from ..launchers.chain_verify import cuda_chain_verify_packed, triton_chain_verify_packed
+from ..reference import chain_verify_packed as reference
+from .chain_verify import check_sampling_arguments
+
+OP_NAME = "chain_verify_packed"
+
+
+def chain_verify_packed(
+    draft_token_ids,
+    cu_num_draft_tokens,
+    target,
+    draft=None,
+    *,
+    max_num_draft_tokens,
+    temperature=None,
+    logits=False,
+    seed=0,
+    offset=0,
+    backend="auto",
+    validate=False,
+):
+    """Exact speculative verification of chain drafts given in the packed ragged layout.
+
+    The same decisions and tokens as :func:`specdec_kernels.chain_verify` on
+    the padded equivalent (request ``b``'s rows moved to ``[b, 0..n_b]``,
+    ``num_draft_tokens = n_b``) under the same ``seed``/``offset``, bit for
+    bit with probabilities. The kernels read the packed rows in place (no
+    padded copy) and read ``cu_num_draft_tokens`` on the device: the call
+    never synchronises.
+
+    Parameters
+    ----------
+    draft_token_ids : Tensor, int32 or int64
+        The drafts of all requests concatenated. An id outside ``[0, V)``
+        (e.g. ``-1``) is a rejection.
+    cu_num_draft_tokens : Tensor, int32 or int64
+        ``0, n_0, n_0 + n_1, ...``: request ``b``'s drafts are
+        ``draft_token_ids[cu[b]:cu[b+1]]``. Any other values have a defined
+        outcome (counts clamped into ``[0, K]``, rows into range; see
+        ``reference/chain_verify_packed.packed_requests``); ``validate=True``
+        raises on them instead.
+    target : Tensor, float32, bfloat16 or float16
+        Request ``b``'s ``n_b + 1`` rows, contiguous from row ``cu[b] + b``:
+        its draft positions, then its bonus row.
+    draft : Tensor or None
+        Request ``b``'s rows ``cu[b] .. cu[b+1] - 1``: the distribution each
+        draft token was sampled from; ``None`` verifies the drafts as
+        deterministic (one-hot) proposals.
+    max_num_draft_tokens : int
+        ``K >= max(n_b)``; the width of the output is ``K + 1``.
+    temperature, logits, seed, offset, backend
+        As for :func:`specdec_kernels.chain_verify`.
+    validate : bool
+        Also check on the host (synchronises) that ``cu`` starts at 0, never
+        decreases, ends at ``T`` and has every ``n_b <= K``, that the ids lie
+        in ``[0, V)``, and the temperatures and distributions' values; raise
+        ``ValueError`` otherwise.
+
+    Returns
+    -------
+    output_token_ids : Tensor, int32 ``[B, K+1]``
+        Accepted drafts, then the target's token, then ``-1``.
+    num_accepted : Tensor, int32 ``[B]``
+
+    Shape
+    -----
+    ``draft_token_ids [T]`` (``T = sum(n_b)``), ``cu_num_draft_tokens [B+1]``,
+    ``target [T+B, V]``, ``draft [T, V]``, ``temperature [B]``.
+
+    Examples
+    --------
+    >>> import torch, specdec_kernels as sk
+    >>> cu = torch.tensor([0, 3, 3, 5])  # three requests with 3, 0 and 2 drafts
+    >>> target = torch.softmax(torch.randn(5 + 3, 50), -1)
+    >>> draft = torch.softmax(torch.randn(5, 50), -1)
+    >>> ids = torch.multinomial(draft, 1).view(5)
+    >>> tokens, accepted = sk.chain_verify_packed(ids, cu, target, draft, max_num_draft_tokens=4, seed=1)
+    >>> tokens.shape, accepted.shape
+    (torch.Size([3, 5]), torch.Size([3]))
+    """
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{OP_NAME}: `target` must be a torch.Tensor; got {type(target).__name__}")
+    check = _validation.Checker(OP_NAME, target.device)
+    check.tensor("draft_token_ids", draft_token_ids, (None,), _validation.TOKEN_DTYPES, "[T]")
+    check.tensor("cu_num_draft_tokens", cu_num_draft_tokens, (None,), _validation.TOKEN_DTYPES, "[B+1]")
+    check.tensor("target", target, (None, None), _validation.FLOAT_DTYPES, "[T+B, V]")
+    num_tokens = draft_token_ids.shape[0]
+    batch_size = cu_num_draft_tokens.shape[0] - 1
+    rows, vocab_size = target.shape
+    if batch_size < 0:
+        check.fail("`cu_num_draft_tokens` must have shape [B+1] with B+1 >= 1; got [0]")
+    if rows != num_tokens + batch_size:
+        check.fail(
+            f"`target` must have T + B = {num_tokens} + {batch_size} = {num_tokens + batch_size} rows "
+            f"(T = draft_token_ids.shape[0], B = cu_num_draft_tokens.shape[0] - 1); got shape {list(target.shape)}"
+        )
+    check.optional_tensor("draft", draft, (num_tokens, vocab_size), _validation.FLOAT_DTYPES, "[T, V]")
+    max_drafts = max_num_draft_tokens
+    if not isinstance(max_drafts, int) or isinstance(max_drafts, bool):
+        check.fail(f"`max_num_draft_tokens` must be an int; got {type(max_drafts).__name__}", TypeError)
+    if max_drafts < 0:
+        check.fail(f"`max_num_draft_tokens` must be >= 0; got {max_drafts}")
+    temperature = check_sampling_arguments(check, batch_size, vocab_size, temperature, logits, seed, offset)
+    resolved = _backend.resolve(OP_NAME, backend, target.device)
+    if validate:
+        _validate_values(check, draft_token_ids, cu_num_draft_tokens, max_drafts, vocab_size)
+        check.sampling_values(temperature, logits, {"target": target, "draft": draft})
+    seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
+    return _library.op(OP_NAME)(
+        draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
+        seed_tensor, seed_int, offset_tensor, offset_int, resolved,
+    )
+
+
+def _validate_values(check, draft_token_ids, cu_num_draft_tokens, max_drafts, vocab_size):
+    num_tokens = draft_token_ids.shape[0]
+    cu = cu_num_draft_tokens.tolist()  # B + 1 ints, one synchronisation
+    if cu[0] != 0:
+        check.fail(f"`cu_num_draft_tokens` must start at 0; got cu[0] = {cu[0]}")
+    for request, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
+        if end < start:
+            check.fail(f"`cu_num_draft_tokens` must be non-decreasing; cu[{request + 1}] = {end} < "
+                       f"cu[{request}] = {start}")
+        if end - start > max_drafts:
+            check.fail(f"request {request} has {end - start} drafts (cu[{request + 1}] - cu[{request}]), more than "
+                       f"max_num_draft_tokens = {max_drafts}")
+    if cu[-1] != num_tokens:
+        check.fail(f"`cu_num_draft_tokens` must end at T = draft_token_ids.shape[0] = {num_tokens}; "
+                   f"got cu[B] = {cu[-1]}")
+    bad = (draft_token_ids < 0) | (draft_token_ids >= vocab_size)
+    if bool(bad.any()):
+        index = int(bad.nonzero()[0, 0])
+        check.fail(f"`draft_token_ids` must lie in [0, V) = [0, {vocab_size}); draft_token_ids[{index}] = "
+                   f"{int(draft_token_ids[index])}")
+
+
+def _reference(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
+               seed_tensor, seed, offset_tensor, offset):
+    seed, offset = _validation.random_state_from_schema(seed_tensor, seed, offset_tensor, offset)
+    return reference.chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts,
+                                         temperature, logits, seed, offset)
+
+
+def _fake(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *args):
+    batch_size = cu_num_draft_tokens.shape[0] - 1
+    output = target.new_empty((batch_size, max_drafts + 1), dtype=torch.int32)
+    return output, target.new_empty((batch_size,), dtype=torch.int32)
+
+
+_library.register(
+    OP_NAME,
+    {"reference": _reference, "triton": triton_chain_verify_packed, "cuda": cuda_chain_verify_packed},
+    _fake,
+)
