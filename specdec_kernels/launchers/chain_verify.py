@@ -211,7 +211,10 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
 
 
 def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-                      seed_tensor, seed, offset_tensor, offset):
+                      seed_tensor, seed, offset_tensor, offset, *sampling_parameters):
+    if any(value is not None for value in sampling_parameters):
+        raise RuntimeError("the CUDA kernel does not implement top_k/top_p/min_p/bonus_token_ids yet; "
+                           "use backend='triton' or 'auto'")
     batch_size, rows_per_request, vocab_size = target.shape
     device = target.device
     output = torch.empty((batch_size, rows_per_request), dtype=torch.int32, device=device)
