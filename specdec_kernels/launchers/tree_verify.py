@@ -10,7 +10,7 @@ import torch
 
 from .. import _workspace
 from ._shapes import cdiv, next_power_of_2, unit_last_stride
-from .chain_verify import CHUNK_SIZE, split_words
+from .chain_verify import CHUNK_SIZE, SEARCH_CANDIDATES, split_words
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
 # is one sampler chunk (or the whole vocabulary below one), the node tile
@@ -33,9 +33,6 @@ MAX_CHUNK_TILE = 1024
 # a few hundred nodes cross tiles in the tests.
 INTERPRETER_TILE = 32768
 INTERPRETER_MAX_BLOCK_N = 64
-# The truncation search measures 2**RADIX_BITS candidates per element
-# (kernels/truncation.py): its vocabulary tile is that much narrower on GPUs.
-SEARCH_CANDIDATES = 16
 
 
 class LaunchConfig(NamedTuple):
@@ -58,7 +55,8 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
     if interpreter:
         block_n = min(block_n, INTERPRETER_MAX_BLOCK_N)
     chunk_tile = max(1, min(next_power_of_2(num_chunks), MAX_CHUNK_TILE // rows))
-    search_block = block_v if interpreter else max(1, min(block_v, TILE // SEARCH_CANDIDATES))
+    # The search's [rows, candidates, search_block] tile stays within the element budget of the others.
+    search_block = max(1, min(block_v, tile // (rows * SEARCH_CANDIDATES)))
     return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile, search_block)
 
 
