@@ -69,7 +69,8 @@ import triton.language as tl
 from .chain_verify_finish import greedy_decisions, sampled_tokens, wait_for, write_outputs
 from .chain_verify_rows import inverse_norm, request_temperatures, row_at, row_statistics, sample_slice
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
-from .sampling import softmax_weight
+from .sampling import row_probabilities, softmax_weight
+from .truncation import row_truncation, truncated_probability, truncation_parameters
 
 
 @triton.jit
@@ -106,14 +107,19 @@ def _scan_statistics(
 def _walk_rows(
     target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, valid, safe_ids, inverse_temperature,
     k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
-    HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
+    truncating, top_k, top_p, min_p, k_on, p_on, min_p_on,
+    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
 ):
-    """Logits when a program holds whole rows: decide position by position.
+    """A program holding whole rows (logits, or truncated targets): decide position by position.
 
     A request's row ``i`` is read only while the request is still accepting,
     so the rows read are exactly ``0..j`` (target) and ``0..min(j, n_b - 1)``
-    (draft, sampled requests). Returns the stop position, the stop row's
-    target and draft ``(max, 1 / sum)`` and the greedy requests' token.
+    (draft, sampled requests). Each target row read gets the statistics the
+    acceptance test needs: softmax ``(max, 1 / sum)`` with logits, the
+    truncation threshold and reciprocal where ``truncating``. Returns the
+    stop position, the stop row's target and draft statistics and
+    truncation, and the greedy requests' token.
     """
     positions = tl.arange(0, BLOCK_K1)[None, :]
     going = active
@@ -122,6 +128,8 @@ def _walk_rows(
     stop_inverse_norm = tl.zeros((ROWS,), tl.float32)
     stop_dmax = tl.zeros((ROWS,), tl.float32)
     stop_dinverse_norm = tl.zeros((ROWS,), tl.float32)
+    stop_threshold = tl.zeros((ROWS,), tl.int32)
+    stop_reciprocal = tl.zeros((ROWS,), tl.float64)
     greedy_token = tl.full((ROWS,), -1, tl.int32)
     for position in range(0, max_drafts + 1):
         here = positions == position
@@ -132,15 +140,23 @@ def _walk_rows(
         row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
             target_row[:, None], draft_row[:, None], going[:, None],
             (going & sampled & (position < num_drafts))[:, None],
-            inverse_temperature, 0, vocab_size, True, HAS_DRAFT, ROWS, BLOCK_V)
+            inverse_temperature, 0, vocab_size, LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
         row_inverse_norm = inverse_norm(row_sum)
         dinverse_norm = inverse_norm(drow_sum)
         gather = drafted & sampled
-        p = tl.load(target_row + token, mask=gather, other=0.0).to(tl.float32)
-        p = softmax_weight(p - row_max, inverse_temperature) * row_inverse_norm
+        p = row_probabilities(target_row, token, gather, row_max, row_inverse_norm, inverse_temperature, LOGITS)
+        threshold = stop_threshold
+        reciprocal = stop_reciprocal
+        if TRUNCATE:
+            needs_threshold = going & (truncating != 0)
+            if tl.max(needs_threshold.to(tl.int32), axis=0) > 0:
+                threshold, reciprocal = row_truncation(
+                    target_row[:, None], needs_threshold, top_k, top_p, min_p, k_on, p_on, min_p_on,
+                    row_max[:, None], row_inverse_norm[:, None], inverse_temperature[:, None], vocab_size,
+                    LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+                p = truncated_probability(p, threshold, reciprocal, truncating != 0)
         if HAS_DRAFT:
-            q = tl.load(draft_row + token, mask=gather, other=0.0).to(tl.float32)
-            q = softmax_weight(q - drow_max, inverse_temperature) * dinverse_norm
+            q = row_probabilities(draft_row, token, gather, drow_max, dinverse_norm, inverse_temperature, LOGITS)
         else:
             q = tl.full((ROWS,), 1.0, tl.float32)
         w0, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, requests * 0 + position, requests * 0)
@@ -152,9 +168,12 @@ def _walk_rows(
         stop_inverse_norm = tl.where(stopping, row_inverse_norm, stop_inverse_norm)
         stop_dmax = tl.where(stopping, drow_max, stop_dmax)
         stop_dinverse_norm = tl.where(stopping, dinverse_norm, stop_dinverse_norm)
+        stop_threshold = tl.where(stopping, threshold, stop_threshold)
+        stop_reciprocal = tl.where(stopping, reciprocal, stop_reciprocal)
         greedy_token = tl.where(stopping, greedy_arg, greedy_token)
         going = going & accepted
-    return stop, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm, greedy_token
+    return (stop, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm, stop_threshold, stop_reciprocal,
+            greedy_token)
 
 
 @triton.jit
@@ -230,6 +249,20 @@ def _request_rows(draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, 
     first_ids = draft_ids_ptr + first_draft * stride_ids_b
     first_target_row = target_ptr + first_target * stride_target_b
     return first_ids, first_target_row, draft_ptr + first_draft * stride_draft_b, num_drafts
+def _takes_bonus(active, stop, num_drafts, HAS_BONUS: tl.constexpr):
+    """Requests that accepted all their drafts and emit the engine's bonus token (their bonus row is not read)."""
+    if HAS_BONUS:
+        takes_bonus = active & (stop == num_drafts)
+    else:
+        takes_bonus = active & (stop < 0)  # never: a tile & a Python bool is an int mask in the interpreter
+    return takes_bonus
+
+
+@triton.jit
+def _bonus_tokens(bonus_ptr, requests, takes_bonus, token, HAS_BONUS: tl.constexpr):
+    if HAS_BONUS:
+        token = tl.where(takes_bonus, tl.load(bonus_ptr + requests, mask=takes_bonus, other=-1).to(tl.int32), token)
+    return token
 
 
 @triton.jit(do_not_specialize=[
@@ -238,6 +271,7 @@ def _request_rows(draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, 
 ])
 def _chain_verify_kernel(
     draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, temperature_ptr,
+    top_k_ptr, top_p_ptr, min_p_ptr, bonus_ptr,
     seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
     output_ptr, num_accepted_ptr,
     # workspace: chunk results [B, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters
@@ -251,10 +285,13 @@ def _chain_verify_kernel(
     HAS_DRAFT: tl.constexpr, HAS_NUM_DRAFTS: tl.constexpr, PACKED: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
     LOGITS: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
     OFFSET_PER_REQUEST: tl.constexpr, WALK: tl.constexpr,
+    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, TRUNCATE: tl.constexpr,
+    HAS_BONUS: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_TILE: tl.constexpr,
     CHUNK_TILE: tl.constexpr,
 ):
-    """``WALK`` (logits, one slice per row): one wave, :func:`_walk_rows`; otherwise see the module docstring."""
+    """``WALK`` (one slice per row; logits or ``TRUNCATE``): one wave, :func:`_walk_rows`; otherwise see the
+    module docstring. ``TRUNCATE`` needs ``WALK``: a truncation threshold needs the whole row."""
     if LOGITS and not WALK:
         role = tl.atomic_add(tickets_ptr, 1, sem="relaxed")
     else:
@@ -277,31 +314,40 @@ def _chain_verify_kernel(
         draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, requests, active, max_drafts, num_tokens,
         stride_ids_b, stride_target_b, stride_draft_b, HAS_NUM_DRAFTS, PACKED, ROWS)
     positions = tl.arange(0, BLOCK_K1)[None, :]
+    top_k, top_p, min_p, k_on, p_on, min_p_on = truncation_parameters(
+        top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P, ROWS)
+    truncating = (sampled & (k_on | p_on | min_p_on)).to(tl.int32)
 
     if WALK:
         in_chain, token_ids, valid, safe_ids = _draft_tokens(first_ids, active, num_drafts, vocab_size,
                                                              BLOCK_K1)
         k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                      requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
-        stop, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm, greedy_token = _walk_rows(
+        (stop, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm, stop_threshold, stop_reciprocal,
+         greedy_token) = _walk_rows(
             target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, valid, safe_ids,
             inverse_temperature, k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
-            HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V)
+            truncating, top_k, top_p, min_p, k_on, p_on, min_p_on,
+            LOGITS, HAS_DRAFT, TRUNCATE, ROWS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
         at_stop = positions == stop[:, None]
         subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
-        if tl.max(sampled.to(tl.int32), axis=0) > 0:
+        takes_bonus = _takes_bonus(active, stop, num_drafts, HAS_BONUS)
+        sampling = sampled & ~takes_bonus
+        if tl.max(sampling.to(tl.int32), axis=0) > 0:
             sample_slice(
                 target_rows, draft_rows, chunk_total_ptr, chunk_pick_ptr,
-                requests, sampled, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
+                requests, sampling, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
                 stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm,
                 inverse_temperature, k0, k1, c2, c3, num_chunks, 0, num_chunks, vocab_size,
-                stride_target_k, stride_draft_k, LOGITS, HAS_DRAFT, BLOCK_V,
+                stride_target_k, stride_draft_k, stop_threshold, stop_reciprocal, truncating,
+                LOGITS, HAS_DRAFT, TRUNCATE, BLOCK_V,
             )
         tl.debug_barrier()  # the chunk results this program wrote, visible to all its threads
         token = tl.where(greedy, greedy_token, sampled_tokens(
-            target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max,
+            target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampling, subtract, stop, stop_max,
             stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_k,
-            LOGITS, ROWS, BLOCK_V, CHUNK_TILE))
+            stop_threshold, stop_reciprocal, truncating, LOGITS, TRUNCATE, ROWS, BLOCK_V, CHUNK_TILE))
+        token = _bonus_tokens(bonus_ptr, requests, takes_bonus, token, HAS_BONUS)
         write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
                       stride_output_b, BLOCK_K1)
     else:
@@ -365,15 +411,18 @@ def _chain_verify_kernel(
             subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
             stop_max = tl.sum(tl.where(at_stop, target_max, 0.0), axis=1)
             stop_inverse_norm = tl.sum(tl.where(at_stop, target_inverse_norm, 0.0), axis=1)
+            sampling = sampled & ~_takes_bonus(active, stop, num_drafts, HAS_BONUS)
+            no_truncation = tl.zeros((ROWS,), tl.int32)
 
-            if tl.max(sampled.to(tl.int32), axis=0) > 0:
+            if tl.max(sampling.to(tl.int32), axis=0) > 0:
                 sample_slice(
                     target_rows, draft_rows, chunk_total_ptr, chunk_pick_ptr,
-                    requests, sampled, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
+                    requests, sampling, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
                     stop_max, stop_inverse_norm, tl.sum(tl.where(at_stop, draft_max, 0.0), axis=1),
                     tl.sum(tl.where(at_stop, draft_inverse_norm, 0.0), axis=1), inverse_temperature, k0, k1, c2, c3,
                     num_chunks, chunk_lo, chunk_hi, vocab_size, stride_target_k, stride_draft_k,
-                    LOGITS, HAS_DRAFT, BLOCK_V,
+                    no_truncation, no_truncation.to(tl.float64), no_truncation,
+                    LOGITS, HAS_DRAFT, False, BLOCK_V,
                 )
 
             # The last program of the row block chooses and writes the outputs;
@@ -389,10 +438,14 @@ def _chain_verify_kernel(
                     stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, valid, in_chain, num_drafts,
                     num_splits, max_drafts, LOGITS, ROWS, BLOCK_K1, SPLIT_TILE)
                 token = tl.where(greedy, greedy_token, sampled_tokens(
-                    target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max,
+                    target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampling, subtract, stop, stop_max,
                     stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_k,
-                    LOGITS, ROWS, BLOCK_V, CHUNK_TILE))
-                write_outputs(output_ptr, num_accepted_ptr, requests, active, tl.where(greedy, greedy_stop, stop),
+                    no_truncation, no_truncation.to(tl.float64), no_truncation, LOGITS, False,
+                    ROWS, BLOCK_V, CHUNK_TILE))
+                stop = tl.where(greedy, greedy_stop, stop)
+                token = _bonus_tokens(bonus_ptr, requests, _takes_bonus(active, stop, num_drafts, HAS_BONUS), token,
+                                      HAS_BONUS)
+                write_outputs(output_ptr, num_accepted_ptr, requests, active, stop,
                               token, token_ids, max_drafts, stride_output_b, BLOCK_K1)
 
         if LOGITS:

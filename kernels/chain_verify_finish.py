@@ -59,7 +59,9 @@ def _combine_argmax(stat_max_ptr, stat_arg_ptr, requests, rows, num_splits, max_
 def sampled_tokens(
     target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampled, subtract, stop, stop_max, stop_inverse_norm,
     inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_k,
-    LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr,
+    truncation_threshold, truncation_reciprocal, truncating,
+    LOGITS: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+    CHUNK_TILE: tl.constexpr,
 ):
     """The sampled requests' tokens from the chunk results of their stop rows; -1 for a row without mass.
 
@@ -78,7 +80,8 @@ def sampled_tokens(
             target_rows, target_rows, chunk_total_ptr, chunk_pick_ptr,
             requests, without_mass, no_subtract, stop, stop, stop_max, stop_inverse_norm, stop_max,
             stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, 0, num_chunks, vocab_size,
-            stride_target_k, 0, LOGITS, False, BLOCK_V,
+            stride_target_k, 0, truncation_threshold, truncation_reciprocal, truncating,
+            LOGITS, False, TRUNCATE, BLOCK_V,
         )
         tl.debug_barrier()  # the chunk results just written, visible to every thread
         fallback_high31, fallback_low31 = chunk_sums(chunk_total_ptr, row_offset, without_mass, num_chunks, ROWS,

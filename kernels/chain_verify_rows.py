@@ -10,7 +10,8 @@ a count (``kernels/sampling.py``); no random number per element.
 import triton
 import triton.language as tl
 
-from .sampling import chunk_draw, chunk_pick, fixed_point, softmax_weight
+from .sampling import chunk_draw, chunk_pick, fixed_point, row_probabilities, softmax_weight
+from .truncation import truncated_probability
 
 
 @triton.jit
@@ -39,7 +40,8 @@ def sample_slice(
     requests, sampled, subtract, stop, stop_token, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm,
     inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
     stride_target_k, stride_draft_k,
-    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_V: tl.constexpr,
+    truncation_threshold, truncation_reciprocal, truncating,
+    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, TRUNCATE: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """Chunk totals and candidates of chunks ``[chunk_lo, chunk_hi)`` of row ``stop``, stored at ``[request, chunk]``.
 
@@ -47,7 +49,9 @@ def sample_slice(
     ``stride_target_k`` / ``stride_draft_k`` apart). The weights are the
     residual ``max(0, p - q)`` where ``subtract``, else ``p``; with
     ``LOGITS`` the rows are logits normalised by the stop row's
-    ``(max, 1 / sum)``. ``sampled`` masks the requests.
+    ``(max, 1 / sum)``. ``sampled`` masks the requests. With ``TRUNCATE``
+    ``p`` is the stop row's top-k/top-p/min-p truncation where ``truncating``
+    (``kernels/truncation.py``).
     """
     vocab = tl.arange(0, BLOCK_V)[None, :]
     target_row = row_at(target_rows, stop, stride_target_k)[:, None]
@@ -57,11 +61,11 @@ def sample_slice(
     for chunk in range(chunk_lo, chunk_hi):
         index = chunk * BLOCK_V + vocab
         mask = sampled[:, None] & (index < vocab_size)
-        if LOGITS:
-            x = tl.load(target_row + index, mask=mask, other=-float("inf")).to(tl.float32)
-            p = softmax_weight(x - stop_max[:, None], inverse_temperature[:, None]) * stop_inverse_norm[:, None]
-        else:
-            p = tl.load(target_row + index, mask=mask, other=0.0).to(tl.float32)
+        p = row_probabilities(target_row, index, mask, stop_max[:, None], stop_inverse_norm[:, None],
+                              inverse_temperature[:, None], LOGITS)
+        if TRUNCATE:
+            p = truncated_probability(p, truncation_threshold[:, None], truncation_reciprocal[:, None],
+                                      truncating[:, None] != 0)
         if HAS_DRAFT:
             if LOGITS:
                 y = tl.load(draft_row + index, mask=mask & subtracting, other=-float("inf")).to(tl.float32)

@@ -58,6 +58,21 @@ def softmax_weight(shifted_logit, inverse_temperature):
 
 
 @triton.jit
+def row_probabilities(row, index, mask, row_max, row_inverse_norm, inverse_temperature, LOGITS: tl.constexpr):
+    """float32 probabilities at ``index`` of input rows: as given, or from logits ``softmax(x / T)``.
+
+    With ``LOGITS`` the row's ``(max, 1 / sum)`` statistics normalise
+    ``exp((x - max) / T)``; masked lanes come out 0 (or NaN for a row
+    without mass), which weigh 0 in the sampler.
+    """
+    if LOGITS:
+        x = tl.load(row + index, mask=mask, other=-float("inf")).to(tl.float32)
+        return softmax_weight(x - row_max, inverse_temperature) * row_inverse_norm
+    else:
+        return tl.load(row + index, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def chunk_draw(k0, k1, c2, c3, position, chunk):
     """The 64-bit draw ``r_c`` of ``chunk`` (Philox words 0 and 1 on the sample stream)."""
     w0, w1, _, _ = random_words(k0, k1, c2, c3, SAMPLE_STREAM, position, position * 0 + chunk)
@@ -152,3 +167,20 @@ def choose_chunk(total_ptr, pick_ptr, row_offset, rows, num_chunks, high31, low3
     token = tl.load(pick_ptr + row_offset + chosen, mask=rows, other=-1, cache_modifier=".cg")
     has_mass = (high31 != 0) | (low31 != 0)
     return tl.where(has_mass, token, -1)
+
+
+@triton.jit
+def split_sums(weights):
+    """Per row, ``(sum W >> 31, sum W & (2**31 - 1))`` of int64 weights ``W < 2**53``: exact in any order."""
+    return tl.sum(weights >> 31, axis=1), tl.sum(weights & _LOW31, axis=1)
+
+
+@triton.jit
+def normaliser_reciprocal(high31, low31):
+    """``float64(1 / float32(S))`` for ``S = high31 * 2**31 + low31`` (1 where ``S == 0``), as ``_sampling.normalise``.
+
+    Both halves are exact in float64 and their sum is rounded once; the
+    division is float32 and correctly rounded (``div_rn``), once per row.
+    """
+    total = (high31.to(tl.float64) * 2147483648.0 + low31.to(tl.float64)).to(tl.float32)
+    return tl.math.div_rn(tl.zeros_like(total) + 1.0, tl.where(total > 0.0, total, 1.0)).to(tl.float64)

@@ -49,10 +49,9 @@ import triton.language as tl
 
 from .chain_verify_rows import inverse_norm, request_temperatures, row_pointers, row_statistics
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
-from .sampling import choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point, softmax_weight
-
-_LOW31 = tl.constexpr((1 << 31) - 1)
-
+from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
+                       normaliser_reciprocal, row_probabilities, split_sums)
+from .truncation import row_truncation, truncated_probability, truncation_parameters
 
 @triton.jit
 def _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab_size,
@@ -81,20 +80,21 @@ def _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab
 
 @triton.jit
 def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_norm, inverse_temperature,
-                LOGITS: tl.constexpr):
+                truncation_threshold, truncation_reciprocal, truncating, LOGITS: tl.constexpr,
+                TRUNCATE: tl.constexpr):
     """float32 probabilities at ``index`` of each row's current ``p`` (or ``q``): its scratch row, or the input row.
 
     ``from_scratch`` says which, per row (a mask, so each element is read
     from one of the two). An input row of logits becomes
     ``exp((x - max) / T) / sum`` with the row's statistics; masked lanes come
-    out 0 or NaN, which weigh 0.
+    out 0 or NaN, which weigh 0. With ``TRUNCATE`` an input row becomes its
+    top-k/top-p/min-p truncation where ``truncating`` (scratch rows already are).
     """
     stored = tl.load(scratch + index, mask=mask & from_scratch, other=0.0, cache_modifier=".cg")
-    if LOGITS:
-        x = tl.load(row + index, mask=mask & (from_scratch == 0), other=-float("inf")).to(tl.float32)
-        given = softmax_weight(x - row_max, inverse_temperature) * row_inverse_norm
-    else:
-        given = tl.load(row + index, mask=mask & (from_scratch == 0), other=0.0).to(tl.float32)
+    given = row_probabilities(row, index, mask & (from_scratch == 0), row_max, row_inverse_norm, inverse_temperature,
+                              LOGITS)
+    if TRUNCATE:
+        given = truncated_probability(given, truncation_threshold, truncation_reciprocal, truncating != 0)
     return tl.where(from_scratch, stored, given)
 
 
@@ -102,7 +102,8 @@ def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_no
 def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
                   p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                   pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
-                  LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr):
+                  truncation_threshold, truncation_reciprocal, truncating,
+                  LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr):
     """The current ``p`` and the proposal ``q`` that ``token`` was drawn from, at ``index``.
 
     The base rows (the inputs, or the scratch rows where ``from_scratch``)
@@ -116,14 +117,14 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
     needs only ``p`` reads the draft only where a rejection is pending.
     """
     p = _row_values(target_row, p_scratch, index, mask, from_scratch, p_max, p_inverse_norm, inverse_temperature,
-                    LOGITS)
+                    truncation_threshold, truncation_reciprocal, truncating, LOGITS, TRUNCATE)
     if HAS_DRAFT:
         if REMOVE_DRAWN:
             q_from_scratch = from_scratch
         else:
             q_from_scratch = from_scratch != from_scratch  # with replacement q is never rewritten
         q = _row_values(draft_row, q_scratch, index, q_mask, q_from_scratch, q_max, q_inverse_norm,
-                        inverse_temperature, LOGITS)
+                        inverse_temperature, truncation_threshold, truncation_reciprocal, truncating, LOGITS, False)
         tried = q
     else:
         tried = tl.where(index == pending_token, 1.0, 0.0)
@@ -140,27 +141,11 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 
 
 @triton.jit
-def _split_sums(weights):
-    """Per row, ``(sum W >> 31, sum W & (2**31 - 1))`` of int64 weights ``W < 2**53``: exact in any order."""
-    return tl.sum(weights >> 31, axis=1), tl.sum(weights & _LOW31, axis=1)
-
-
-@triton.jit
-def _reciprocal(high31, low31):
-    """``float64(1 / float32(S))`` for ``S = high31 * 2**31 + low31`` (1 where ``S == 0``), as ``_sampling.normalise``.
-
-    Both halves are exact in float64 and their sum is rounded once; the
-    division is float32 and correctly rounded (``div_rn``), once per row.
-    """
-    total = (high31.to(tl.float64) * 2147483648.0 + low31.to(tl.float64)).to(tl.float32)
-    return tl.math.div_rn(tl.zeros_like(total) + 1.0, tl.where(total > 0.0, total, 1.0)).to(tl.float64)
-
-
-@triton.jit
 def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writing, from_scratch,
                     p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
-                    pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token, vocab_size,
-                    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
+                    pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
+                    truncation_threshold, truncation_reciprocal, truncating, vocab_size,
+                    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
     """One pass over the rejecting rows: the split totals of the fixed-point weights of ``max(0, p - q)``,
     of ``p`` and of ``q`` without ``token``, for the current ``p`` and ``q``.
@@ -183,18 +168,19 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
         p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask, from_scratch,
                              p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
-                             LOGITS, HAS_DRAFT, REMOVE_DRAWN)
+                             truncation_threshold, truncation_reciprocal, truncating,
+                             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
         tl.store(p_scratch + index, p, mask=mask & writing)
         if REMOVE_DRAWN:
             tl.store(q_scratch + index, q, mask=mask & writing)
-        high, low = _split_sums(fixed_point(p - q))
+        high, low = split_sums(fixed_point(p - q))
         residual_high += high
         residual_low += low
-        high, low = _split_sums(fixed_point(p))
+        high, low = split_sums(fixed_point(p))
         target_high += high
         target_low += low
         if REMOVE_DRAWN:
-            high, low = _split_sums(fixed_point(tl.where(index == token, 0.0, q)))
+            high, low = split_sums(fixed_point(tl.where(index == token, 0.0, q)))
             drawn_high += high
             drawn_low += low
     return residual_high, residual_low, target_high, target_low, drawn_high, drawn_low
@@ -203,9 +189,11 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
 @triton.jit
 def _sample_rows(target_row, draft_row, p_scratch, q_scratch, sampled, from_scratch, p_max, p_inverse_norm,
                  q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual,
-                 p_reciprocal, q_reciprocal, chunk_total_ptr, chunk_pick_ptr, requests, k0, k1, c2, c3, node,
+                 p_reciprocal, q_reciprocal, truncation_threshold, truncation_reciprocal, truncating,
+                 chunk_total_ptr, chunk_pick_ptr, requests, k0, k1, c2, c3, node,
                  num_chunks, vocab_size, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
-                 REMOVE_DRAWN: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr):
+                 REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+                 CHUNK_TILE: tl.constexpr):
     """The fixed-point sample of each row's current ``p`` at position ``node``; -1 without mass.
 
     ``BLOCK_V`` is the sampler's chunk (or the whole vocabulary below one):
@@ -220,7 +208,8 @@ def _sample_rows(target_row, draft_row, p_scratch, q_scratch, sampled, from_scra
         p, _ = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask & (pending != 0),
                              from_scratch, p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, pending_token,
-                             LOGITS, HAS_DRAFT, REMOVE_DRAWN)
+                             truncation_threshold, truncation_reciprocal, truncating,
+                             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
         total, offset = chunk_pick(fixed_point(p), chunk_draw(k0, k1, c2, c3, node, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
         tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
@@ -236,6 +225,7 @@ def _sample_rows(target_row, draft_row, p_scratch, q_scratch, sampled, from_scra
 ])
 def _tree_verify_kernel(
     ids_ptr, parents_ptr, target_ptr, draft_ptr, num_nodes_ptr, temperature_ptr,
+    top_k_ptr, top_p_ptr, min_p_ptr, bonus_ptr,
     seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
     accepted_ptr, output_ptr, num_accepted_ptr,
     # workspace: scratch rows [B, SCRATCH_ROWS, V] float32; chunk results [B, chunks]
@@ -246,7 +236,8 @@ def _tree_verify_kernel(
     HAS_DRAFT: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_TEMPERATURE: tl.constexpr, LOGITS: tl.constexpr,
     REMOVE_DRAWN: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
     OFFSET_PER_REQUEST: tl.constexpr, SCRATCH_ROWS: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr,
+    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, TRUNCATE: tl.constexpr,
+    HAS_BONUS: tl.constexpr, SEARCH_BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr,
 ):
     """``ROWS`` requests per program; see the module docstring."""
     requests = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -260,6 +251,9 @@ def _tree_verify_kernel(
         limit = tl.full((ROWS,), 0, tl.int32) + tree_size
     k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                  requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
+    top_k, top_p, min_p, k_on, p_on, min_p_on = truncation_parameters(
+        top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P, ROWS)
+    truncating = (sampled & (k_on | p_on | min_p_on)).to(tl.int32)
     ids_row = row_pointers(ids_ptr, requests, stride_ids_b, 0, 0)
     p_scratch = scratch_ptr + requests.to(tl.int64) * SCRATCH_ROWS * vocab_size
     q_scratch = p_scratch + (SCRATCH_ROWS - 1) * vocab_size
@@ -283,6 +277,9 @@ def _tree_verify_kernel(
     q_max = p_max
     q_inverse_norm = p_max
     greedy_token = node - 1
+    truncation_threshold = node  # of the node whose statistics are loaded, for truncating rows
+    truncation_reciprocal = p_reciprocal
+    rejected_here = node  # 1 once a child of the current node was tried and rejected
     tl.store(accepted_row, node, mask=active)
     while tl.max((last < limit).to(tl.int32), axis=0) > 0:
         child = _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab_size,
@@ -309,6 +306,15 @@ def _tree_verify_kernel(
             q_max = tl.where(needs_statistics, drow_max, q_max)
             q_inverse_norm = tl.where(needs_statistics, inverse_norm(drow_sum), q_inverse_norm)
             greedy_token = tl.where(needs_statistics, tl.where(has_choice, row_arg, -1), greedy_token)
+        if TRUNCATE:
+            needs_threshold = entering & (truncating != 0)
+            if tl.max(needs_threshold.to(tl.int32), axis=0) > 0:
+                threshold, reciprocal = row_truncation(
+                    target_row[:, None], needs_threshold, top_k, top_p, min_p, k_on, p_on, min_p_on,
+                    p_max[:, None], p_inverse_norm[:, None], inverse_temperature[:, None], vocab_size,
+                    LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+                truncation_threshold = tl.where(needs_threshold, threshold, truncation_threshold)
+                truncation_reciprocal = tl.where(needs_threshold, reciprocal, truncation_reciprocal)
         statistics_node = tl.where(entering, node, statistics_node)
 
         # A node's base rows are the inputs until a second rejection there
@@ -322,7 +328,8 @@ def _tree_verify_kernel(
         target_at, draft_at = _current_rows(
             target_row, draft_row, p_scratch, q_scratch, token, gather, gather, from_scratch, p_max, p_inverse_norm,
             q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual, p_reciprocal,
-            q_reciprocal, token, LOGITS, HAS_DRAFT, REMOVE_DRAWN)
+            q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating,
+            LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
         word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
         accepted = trying & tl.where(greedy, token == greedy_token.to(tl.int64),
                                      uniform_from_word(word) * draft_at < target_at)
@@ -333,19 +340,21 @@ def _tree_verify_kernel(
                 target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], rejecting[:, None],
                 writing[:, None], from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None], q_max[:, None],
                 q_inverse_norm[:, None], inverse_temperature[:, None], pending[:, None], pending_token[:, None],
-                pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None], token[:, None], vocab_size,
-                LOGITS, HAS_DRAFT, REMOVE_DRAWN, ROWS, BLOCK_V)
+                pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None], token[:, None],
+                truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None], vocab_size,
+                LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, ROWS, BLOCK_V)
             tl.debug_barrier()  # the rows written, visible to every thread
             use_residual = (residual_high != 0) | (residual_low != 0)
             scratch_node = tl.where(writing, node, scratch_node)
             pending_node = tl.where(rejecting, node, pending_node)
             pending_token = tl.where(rejecting, token, pending_token)
             pending_residual = tl.where(rejecting, use_residual.to(tl.int32), pending_residual)
-            p_reciprocal = tl.where(rejecting, _reciprocal(tl.where(use_residual, residual_high, target_high),
+            p_reciprocal = tl.where(rejecting, normaliser_reciprocal(tl.where(use_residual, residual_high, target_high),
                                                            tl.where(use_residual, residual_low, target_low)),
                                     p_reciprocal)
-            q_reciprocal = tl.where(rejecting, _reciprocal(drawn_high, drawn_low), q_reciprocal)
+            q_reciprocal = tl.where(rejecting, normaliser_reciprocal(drawn_high, drawn_low), q_reciprocal)
 
+        rejected_here = tl.where(accepted, 0, tl.where(trying, 1, rejected_here))
         depth += accepted.to(tl.int32)
         tl.store(accepted_row + depth, child, mask=accepted)
         tl.store(output_row + depth - 1, token.to(tl.int32), mask=accepted)
@@ -355,15 +364,21 @@ def _tree_verify_kernel(
     target_row = row_pointers(target_ptr, requests, stride_target_b, node, stride_target_n)
     draft_row = row_pointers(draft_ptr, requests, stride_draft_b, node, stride_draft_n)
     token = greedy_token
+    if HAS_BONUS:
+        # A path ending where no child was rejected takes the engine's token: that row is not sampled.
+        takes_bonus = active & (rejected_here == 0)
+        token = tl.where(takes_bonus, tl.load(bonus_ptr + requests, mask=takes_bonus, other=-1).to(tl.int32), token)
+        sampled = sampled & ~takes_bonus
     if tl.max(sampled.to(tl.int32), axis=0) > 0:
         sampled_token = _sample_rows(
             target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], sampled,
             (scratch_node == node)[:, None], p_max[:, None], p_inverse_norm[:, None], q_max[:, None],
             q_inverse_norm[:, None], inverse_temperature[:, None], (pending_node == node).to(tl.int32)[:, None],
             pending_token[:, None], pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None],
+            truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
             chunk_total_ptr, chunk_pick_ptr, requests, k0, k1, c2, c3, node, num_chunks, vocab_size,
-            LOGITS, HAS_DRAFT, REMOVE_DRAWN, ROWS, BLOCK_V, CHUNK_TILE)
-        token = tl.where(sampled, sampled_token, greedy_token)
+            LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, ROWS, BLOCK_V, CHUNK_TILE)
+        token = tl.where(sampled, sampled_token, token)
     tl.store(num_accepted_ptr + requests, depth, mask=active)
     nodes = tl.arange(0, BLOCK_N)[None, :]
     for start in range(0, tree_size, BLOCK_N):

@@ -26,18 +26,21 @@ SCHEMAS = {
     "chain_verify": (
         "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft=None, Tensor? num_draft_tokens=None, "
         "Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, int seed=0, "
-        "Tensor? offset_tensor=None, int offset=0, str backend=\"auto\") -> (Tensor, Tensor)"
+        "Tensor? offset_tensor=None, int offset=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
+        "Tensor? bonus_token_ids=None, str backend=\"auto\") -> (Tensor, Tensor)"
     ),
     "chain_verify_packed": (
         "chain_verify_packed(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target, Tensor? draft, "
         "int max_num_draft_tokens, Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, "
-        "int seed=0, Tensor? offset_tensor=None, int offset=0, str backend=\"auto\") -> (Tensor, Tensor)"
+        "int seed=0, Tensor? offset_tensor=None, int offset=0, Tensor? top_k=None, Tensor? top_p=None, "
+        "Tensor? min_p=None, Tensor? bonus_token_ids=None, str backend=\"auto\") -> (Tensor, Tensor)"
     ),
     "tree_verify": (
         "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft=None, "
         "Tensor? num_nodes=None, Tensor? temperature=None, bool logits=False, "
         "str draft_sampling=\"without_replacement\", Tensor? seed_tensor=None, int seed=0, "
-        "Tensor? offset_tensor=None, int offset=0, str backend=\"auto\") -> (Tensor, Tensor, Tensor)"
+        "Tensor? offset_tensor=None, int offset=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
+        "Tensor? bonus_token_ids=None, str backend=\"auto\") -> (Tensor, Tensor, Tensor)"
     ),
     "build_tree": (
         "build_tree(Tensor parents, Tensor? num_nodes=None, Tensor? prefix_lens=None, str backend=\"auto\") "

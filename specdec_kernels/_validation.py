@@ -10,6 +10,13 @@ from __future__ import annotations
 import torch
 
 TOKEN_DTYPES = (torch.int32, torch.int64)
+# What the CUDA verify kernels do not implement yet (backend="auto" then takes Triton).
+SAMPLING_PARAMETERS_TEXT = "top_k/top_p/min_p/bonus_token_ids"
+
+
+def cuda_lacks(sampling_parameters) -> str | None:
+    """What of this call the CUDA kernels lack (``_backend.resolve``'s ``cuda_lacks``), or None."""
+    return SAMPLING_PARAMETERS_TEXT if any(value is not None for value in sampling_parameters) else None
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -72,6 +79,51 @@ class Checker:
             self.fail(f"`temperature` must be a float32 tensor of shape [B] or a Python float; "
                       f"got {type(value).__name__}", TypeError)
         return torch.full((batch_size,), float(value), dtype=torch.float32, device=self.device)
+
+    def sampling_parameters(self, top_k, top_p, min_p, bonus_token_ids, batch_size: int):
+        """``(top_k, top_p, min_p, bonus_token_ids)`` as the ops take them: int32, float32, float32, int32/int64 ``[B]``.
+
+        Each is ``None``, a tensor ``[B]`` or one Python number for the
+        batch; ``top_k`` and ``bonus_token_ids`` accept int32 or int64.
+        """
+        if top_k is not None and not isinstance(top_k, torch.Tensor):
+            top_k = self._batch_scalar("top_k", top_k, batch_size, int, torch.int64)
+        top_k = self.counts("top_k", top_k, batch_size)
+        top_p = self._float_parameter("top_p", top_p, batch_size)
+        min_p = self._float_parameter("min_p", min_p, batch_size)
+        if bonus_token_ids is not None:
+            if not isinstance(bonus_token_ids, torch.Tensor):
+                self.fail(f"`bonus_token_ids` must be an int32 or int64 tensor of shape [B]; "
+                          f"got {type(bonus_token_ids).__name__}", TypeError)
+            self.tensor("bonus_token_ids", bonus_token_ids, (batch_size,), TOKEN_DTYPES, "[B]")
+        return top_k, top_p, min_p, bonus_token_ids
+
+    def _float_parameter(self, name: str, value, batch_size: int):
+        if value is None or isinstance(value, torch.Tensor):
+            return self.optional_tensor(name, value, (batch_size,), (torch.float32,), "[B]")
+        return self._batch_scalar(name, value, batch_size, (int, float), torch.float32)
+
+    def _batch_scalar(self, name: str, value, batch_size: int, kinds, dtype):
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            self.fail(f"`{name}` must be a tensor of shape [B] or a Python number; got {type(value).__name__}",
+                      TypeError)
+        return torch.full((batch_size,), value, dtype=dtype, device=self.device)
+
+    def sampling_parameter_values(self, top_k, top_p, min_p, bonus_token_ids, vocab_size: int) -> None:
+        """``validate=True`` checks (synchronises): ``top_k >= 0``, ``top_p`` in ``(0, 1]``, ``min_p`` in ``[0, 1]``, bonus ids in ``[0, V)``."""
+        rules = (
+            ("top_k", top_k, lambda v: v >= 0, ">= 0 (0 = off)"),
+            ("top_p", top_p, lambda v: (v > 0) & (v <= 1), "in (0, 1] (1 = off)"),
+            ("min_p", min_p, lambda v: (v >= 0) & (v <= 1), "in [0, 1] (0 = off)"),
+            ("bonus_token_ids", bonus_token_ids, lambda v: (v >= 0) & (v < vocab_size), f"in [0, V) = [0, {vocab_size})"),
+        )
+        for name, values, rule, text in rules:
+            if values is None:
+                continue
+            bad = ~rule(values)
+            if bool(bad.any()):
+                request = int(bad.nonzero()[0, 0])
+                self.fail(f"`{name}` must be {text}; request {request} has {values[request].item()}")
 
     def counts(self, name: str, value, batch_size: int):
         """A count tensor ``[B]`` (int32 or int64) as the int32 the ops take, or ``None``.

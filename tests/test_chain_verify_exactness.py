@@ -32,14 +32,16 @@ def make_models(vocab_size: int, seed: int, zero_tokens=(4,)):
 
 
 def generate(target_model, draft_model, *, max_drafts, backend, device, draft_mode="sampled", ragged=True,
-             temperature=None, seed=1234, test_seed=0):
+             temperature=None, seed=1234, test_seed=0, verify=None):
     """Run the speculative loop; returns the first ``LENGTH`` tokens of every sequence.
 
     ``draft_mode``: ``"sampled"`` (drafts drawn from the draft chain and its
     rows passed as ``draft``) or ``"greedy"`` (drafts are the draft chain's
     argmax, verified with ``draft=None``). ``temperature``: per-sequence
-    temperatures, which switch the inputs to logits.
+    temperatures, which switch the inputs to logits. ``verify``: the
+    verifier to call instead of ``sk.chain_verify``.
     """
+    verify = verify or sk.chain_verify
     generator = torch.Generator().manual_seed(test_seed)
     num_sequences = NUM_SEQUENCES
     prev = torch.full((num_sequences,), START_TOKEN, dtype=torch.int64)
@@ -66,7 +68,7 @@ def generate(target_model, draft_model, *, max_drafts, backend, device, draft_mo
         num_drafts = None
         if ragged:
             num_drafts = torch.randint(0, max_drafts + 1, (num_sequences,), generator=generator, dtype=torch.int32)
-        output, num_accepted = sk.chain_verify(
+        output, num_accepted = verify(
             draft_ids.to(device), target.to(device), None if draft is None else draft.to(device),
             num_draft_tokens=None if num_drafts is None else num_drafts.to(device),
             temperature=None if temperature is None else temperature.to(device),

@@ -13,6 +13,9 @@ from ._shapes import cdiv, next_power_of_2, unit_last_stride
 from ._shapes import multiprocessor_count as _multiprocessor_count  # a module name: tests patch it
 
 CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py); a program's slice is whole chunks
+# The truncation search measures 2**RADIX_BITS candidates per element
+# (kernels/truncation.py): its vocabulary tile is that much narrower on GPUs.
+SEARCH_CANDIDATES = 16
 
 
 class Limits(NamedTuple):
@@ -46,6 +49,7 @@ class LaunchConfig(NamedTuple):
     split_tile: int  # slices the finishing program combines per step
     chunk_tile: int  # chunk totals the finishing program scans per step
     max_registers: int | None
+    search_block: int  # vocabulary tile of the truncation search, [rows, SEARCH_CANDIDATES, search_block]
 
 
 def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multiprocessors: int | None,
@@ -72,8 +76,9 @@ def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multi
     split_tile = max(1, min(next_power_of_2(num_splits), limits.combine_tile // (rows * block_k1)))
     chunk_tile = max(1, min(next_power_of_2(num_chunks), limits.combine_tile // rows))
     max_registers = GPU_MAX_REGISTERS if multiprocessors is not None else None
+    search_block = max(1, min(block_v, limits.tile // (rows * SEARCH_CANDIDATES)))
     return LaunchConfig(rows, block_k1, block_v, num_chunks, chunks_per_split, num_splits, split_tile, chunk_tile,
-                        max_registers)
+                        max_registers, search_block)
 
 
 def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: int, logits: bool,
@@ -128,17 +133,21 @@ def split_words(value: int) -> tuple[int, int]:
 
 
 def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-                        seed_tensor, seed, offset_tensor, offset):
+                        seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
+                        bonus_token_ids=None):
     batch_size, rows_per_request, _ = target.shape
     return _triton_launch(draft_token_ids, target, draft, num_draft_tokens, None, temperature, logits, seed_tensor,
-                          seed, offset_tensor, offset, batch_size, rows_per_request - 1)
+                          seed, offset_tensor, offset, batch_size, rows_per_request - 1,
+                          top_k, top_p, min_p, bonus_token_ids)
 
 
 def triton_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
-                               seed_tensor, seed, offset_tensor, offset):
+                               seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
+                               bonus_token_ids=None):
     """The packed layout: the kernel reads ``cu_num_draft_tokens`` and the packed rows in place (no padded copy)."""
     return _triton_launch(draft_token_ids, target, draft, None, cu_num_draft_tokens, temperature, logits, seed_tensor,
-                          seed, offset_tensor, offset, cu_num_draft_tokens.shape[0] - 1, max_drafts)
+                          seed, offset_tensor, offset, cu_num_draft_tokens.shape[0] - 1, max_drafts,
+                          top_k, top_p, min_p, bonus_token_ids)
 
 
 def _layout_strides(tensor):
@@ -149,7 +158,8 @@ def _layout_strides(tensor):
 
 
 def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, temperature, logits,
-                   seed_tensor, seed, offset_tensor, offset, batch_size, max_drafts):
+                   seed_tensor, seed, offset_tensor, offset, batch_size, max_drafts, top_k, top_p, min_p,
+                   bonus_token_ids):
     """One launch of the chain kernel; ``cu_num_draft_tokens`` given means the packed layout."""
     from .._kernels.chain_verify import _chain_verify_kernel
 
@@ -172,11 +182,17 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
         for tensor in (draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, temperature,
                        seed_tensor, offset_tensor)
     )
+    top_k, top_p, min_p, bonus_token_ids = (unit_last_stride(tensor) for tensor in (top_k, top_p, min_p,
+                                                                                     bonus_token_ids))
+    truncate = top_k is not None or top_p is not None or min_p is not None
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
-    config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors)
+    limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
+    # A truncation threshold needs whole rows: one slice per row (kernels/truncation.py).
+    config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors,
+                           limits._replace(max_splits=1) if truncate else limits)
     row_blocks = cdiv(batch_size, config.rows)
-    # Logits with one slice per row walk the rows in one wave; with several, two waves.
-    walk = logits and config.num_splits == 1
+    # Logits (or truncation) with one slice per row walk the rows in one wave; logits with several, two waves.
+    walk = (logits or truncate) and config.num_splits == 1
     waves = 2 if logits and not walk else 1
     # Triton launches on the current device: make it the tensors' device.
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -189,6 +205,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             placeholder if num_draft_tokens is None else num_draft_tokens,
             placeholder if cu_num_draft_tokens is None else cu_num_draft_tokens,
             placeholder if temperature is None else temperature,
+            *(placeholder if tensor is None else tensor for tensor in (top_k, top_p, min_p, bonus_token_ids)),
             placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
             placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
             output, num_accepted,
@@ -200,6 +217,9 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
             SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
             OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, WALK=walk,
+            HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
+            TRUNCATE=truncate, HAS_BONUS=bonus_token_ids is not None,
+            SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_K1=config.block_k1, BLOCK_V=config.block_v, SPLIT_TILE=config.split_tile,
             CHUNK_TILE=config.chunk_tile,
             num_warps=4, enable_fp_fusion=False,
@@ -251,8 +271,16 @@ def _cuda_outputs_and_workspace(batch_size, max_drafts, vocab_size, logits, devi
     return (output, num_accepted, *scratch.values())
 
 
+def refuse_sampling_parameters(sampling_parameters):
+    """The CUDA kernels have no top_k/top_p/min_p/bonus ids yet (the public ops resolve past them)."""
+    if any(value is not None for value in sampling_parameters):
+        raise RuntimeError("the CUDA kernel does not implement top_k/top_p/min_p/bonus_token_ids yet; "
+                           "use backend='triton' or 'auto'")
+
+
 def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-                      seed_tensor, seed, offset_tensor, offset):
+                      seed_tensor, seed, offset_tensor, offset, *sampling_parameters):
+    refuse_sampling_parameters(sampling_parameters)
     batch_size, rows_per_request, vocab_size = target.shape
     output, num_accepted, workspace, arrivals = _cuda_outputs_and_workspace(
         batch_size, rows_per_request - 1, vocab_size, logits, target.device)
@@ -265,7 +293,8 @@ def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperat
 
 
 def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
-                             seed_tensor, seed, offset_tensor, offset):
+                             seed_tensor, seed, offset_tensor, offset, *sampling_parameters):
+    refuse_sampling_parameters(sampling_parameters)
     batch_size = cu_num_draft_tokens.shape[0] - 1
     output, num_accepted, workspace, arrivals = _cuda_outputs_and_workspace(
         batch_size, max_drafts, target.shape[-1], logits, target.device)

@@ -10,7 +10,7 @@ import torch
 
 from .. import _workspace
 from ._shapes import cdiv, next_power_of_2, unit_last_stride
-from .chain_verify import CHUNK_SIZE, split_words
+from .chain_verify import CHUNK_SIZE, SEARCH_CANDIDATES, refuse_sampling_parameters, split_words
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
 # is one sampler chunk (or the whole vocabulary below one), the node tile
@@ -41,6 +41,7 @@ class LaunchConfig(NamedTuple):
     block_v: int  # one chunk, or the whole vocabulary below a chunk
     num_chunks: int
     chunk_tile: int
+    search_block: int  # vocabulary tile of the top-k/top-p search
 
 
 def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter: bool = False) -> LaunchConfig:
@@ -54,7 +55,9 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
     if interpreter:
         block_n = min(block_n, INTERPRETER_MAX_BLOCK_N)
     chunk_tile = max(1, min(next_power_of_2(num_chunks), MAX_CHUNK_TILE // rows))
-    return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile)
+    # The search's [rows, candidates, search_block] tile stays within the element budget of the others.
+    search_block = max(1, min(block_v, tile // (rows * SEARCH_CANDIDATES)))
+    return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile, search_block)
 
 
 def scratch_rows(has_draft: bool, draft_sampling: str) -> int:
@@ -87,7 +90,8 @@ def allocate_outputs(target):
 
 
 def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
-                       seed_tensor, seed, offset_tensor, offset):
+                       seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
+                       bonus_token_ids=None):
     from .._kernels.tree_verify import _tree_verify_kernel
 
     batch_size, tree_size, vocab_size = target.shape
@@ -96,8 +100,9 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
     if batch_size == 0:
         return accepted_nodes, output, num_accepted
     # The kernel takes row strides and assumes unit stride along the vocabulary.
-    target, draft, num_nodes, temperature, seed_tensor, offset_tensor = (
-        unit_last_stride(tensor) for tensor in (target, draft, num_nodes, temperature, seed_tensor, offset_tensor)
+    target, draft, num_nodes, temperature, seed_tensor, offset_tensor, top_k, top_p, min_p, bonus_token_ids = (
+        unit_last_stride(tensor) for tensor in (target, draft, num_nodes, temperature, seed_tensor, offset_tensor,
+                                                top_k, top_p, min_p, bonus_token_ids)
     )
     config = launch_config(batch_size, tree_size, vocab_size, interpreter=device.type != "cuda")
     rows = scratch_rows(draft is not None, draft_sampling)
@@ -109,6 +114,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
         _tree_verify_kernel[(cdiv(batch_size, config.rows),)](
             tree_token_ids, parents, target, placeholder if draft is None else draft,
             placeholder if num_nodes is None else num_nodes, placeholder if temperature is None else temperature,
+            *(placeholder if tensor is None else tensor for tensor in (top_k, top_p, min_p, bonus_token_ids)),
             placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
             placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
             accepted_nodes, output, num_accepted,
@@ -123,6 +129,9 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             REMOVE_DRAWN=rows == 2, SEED_PER_REQUEST=seed_tensor is not None,
             OFFSET_FROM_TENSOR=offset_tensor is not None,
             OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, SCRATCH_ROWS=rows,
+            HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
+            TRUNCATE=top_k is not None or top_p is not None or min_p is not None,
+            HAS_BONUS=bonus_token_ids is not None, SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_N=config.block_n, BLOCK_V=config.block_v, CHUNK_TILE=config.chunk_tile,
             num_warps=NUM_WARPS, enable_fp_fusion=False,
             **({"maxnreg": MAX_REGISTERS} if device.type == "cuda" else {}),
@@ -147,7 +156,8 @@ def cuda_workspace_specs(batch_size: int, vocab_size: int) -> dict[str, tuple[in
 
 
 def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
-                     seed_tensor, seed, offset_tensor, offset):
+                     seed_tensor, seed, offset_tensor, offset, *sampling_parameters):
+    refuse_sampling_parameters(sampling_parameters)
     batch_size, _, vocab_size = target.shape
     device = target.device
     accepted_nodes, output, num_accepted = allocate_outputs(target)

@@ -21,6 +21,10 @@ def chain_verify(
     logits=False,
     seed=0,
     offset=0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    bonus_token_ids=None,
     backend="auto",
     validate=False,
 ):
@@ -54,6 +58,20 @@ def chain_verify(
     offset : int or Tensor
         int, or int64 ``[]``/``[B]`` read on the device (advance it between
         CUDA-graph replays).
+    top_k : Tensor int32/int64 ``[B]``, int, or None
+        Keep the ``top_k`` most probable tokens of every target row (ties at
+        the threshold kept); ``0`` = off.
+    top_p : Tensor float32 ``[B]``, float, or None
+        Then keep the smallest set of most probable tokens whose mass reaches
+        ``top_p``; ``1`` = off.
+    min_p : Tensor float32 ``[B]``, float, or None
+        Then drop tokens below ``min_p`` times the row's largest probability;
+        ``0`` = off. The truncated target is renormalised and verification is
+        exact with respect to it (``docs/algorithms.md``); a request with
+        every parameter off pays nothing.
+    bonus_token_ids : Tensor int32/int64 ``[B]`` or None
+        A request whose drafts are all accepted emits this token (from the engine's own sampler)
+        instead of sampling; that row is then not read.
     backend : {"auto", "reference", "triton", "cuda"}
     validate : bool
         Check token ids, counts, temperatures and the distributions' values
@@ -93,14 +111,16 @@ def chain_verify(
     check.optional_tensor("draft", draft, (batch_size, max_drafts, vocab_size), _validation.FLOAT_DTYPES, "[B, K, V]")
     num_draft_tokens = check.counts("num_draft_tokens", num_draft_tokens, batch_size)
     temperature = check_sampling_arguments(check, batch_size, vocab_size, temperature, logits, seed, offset)
-    resolved = _backend.resolve(OP_NAME, backend, target.device)
+    sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
+    resolved = _backend.resolve(OP_NAME, backend, target.device, cuda_lacks=_validation.cuda_lacks(sampling_parameters))
     if validate:
         _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab_size)
         check.sampling_values(temperature, logits, {"target": target, "draft": draft})
+        check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
     return _library.op(OP_NAME)(
         draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-        seed_tensor, seed_int, offset_tensor, offset_int, resolved,
+        seed_tensor, seed_int, offset_tensor, offset_int, *sampling_parameters, resolved,
     )
 
 
@@ -140,9 +160,10 @@ def _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab
 
 
 def _reference(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-               seed_tensor, seed, offset_tensor, offset):
+               seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None, bonus_token_ids=None):
     seed, offset = _validation.random_state_from_schema(seed_tensor, seed, offset_tensor, offset)
-    return reference.chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits, seed, offset)
+    return reference.chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits, seed, offset,
+                                  top_k, top_p, min_p, bonus_token_ids)
 
 
 def _fake(draft_token_ids, target, *args):

@@ -23,6 +23,10 @@ def chain_verify_packed(
     logits=False,
     seed=0,
     offset=0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    bonus_token_ids=None,
     backend="auto",
     validate=False,
 ):
@@ -108,14 +112,16 @@ def chain_verify_packed(
     if max_drafts < 0:
         check.fail(f"`max_num_draft_tokens` must be >= 0; got {max_drafts}")
     temperature = check_sampling_arguments(check, batch_size, vocab_size, temperature, logits, seed, offset)
-    resolved = _backend.resolve(OP_NAME, backend, target.device)
+    sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
+    resolved = _backend.resolve(OP_NAME, backend, target.device, cuda_lacks=_validation.cuda_lacks(sampling_parameters))
     if validate:
         _validate_values(check, draft_token_ids, cu_num_draft_tokens, max_drafts, vocab_size)
         check.sampling_values(temperature, logits, {"target": target, "draft": draft})
+        check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
     return _library.op(OP_NAME)(
         draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
-        seed_tensor, seed_int, offset_tensor, offset_int, resolved,
+        seed_tensor, seed_int, offset_tensor, offset_int, *sampling_parameters, resolved,
     )
 
 
@@ -142,10 +148,10 @@ def _validate_values(check, draft_token_ids, cu_num_draft_tokens, max_drafts, vo
 
 
 def _reference(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
-               seed_tensor, seed, offset_tensor, offset):
+               seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None, bonus_token_ids=None):
     seed, offset = _validation.random_state_from_schema(seed_tensor, seed, offset_tensor, offset)
     return reference.chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts,
-                                         temperature, logits, seed, offset)
+                                         temperature, logits, seed, offset, top_k, top_p, min_p, bonus_token_ids)
 
 
 def _fake(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *args):

@@ -24,6 +24,10 @@ def tree_verify(
     draft_sampling="without_replacement",
     seed=0,
     offset=0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    bonus_token_ids=None,
     backend="auto",
     validate=False,
 ):
@@ -51,8 +55,13 @@ def tree_verify(
         deterministic candidates (top-k trees).
     num_nodes : Tensor, int32 or int64 ``[B]``, optional
         Nodes per request, ``1 <= n_b <= N``.
-    temperature, logits, seed, offset, backend, validate
-        As in :func:`specdec_kernels.chain_verify`.
+    temperature, logits, seed, offset, top_k, top_p, min_p, backend, validate
+        As in :func:`specdec_kernels.chain_verify`; the truncation applies
+        to every node's target row.
+    bonus_token_ids : Tensor int32/int64 ``[B]`` or None
+        A request whose accepted path ends where no child was rejected (a
+        leaf: as a chain whose drafts were all accepted) emits this token
+        instead of sampling; that row is then not read.
     draft_sampling : {"without_replacement", "with_replacement"}
         How the children of a node were drawn from ``draft``.
 
@@ -91,25 +100,28 @@ def tree_verify(
         check.fail(f"`logits` must be a bool; got {type(logits).__name__}", TypeError)
     check.choice("draft_sampling", draft_sampling, DRAFT_SAMPLING)
     check.random_state(batch_size, seed, offset)
-    resolved = _backend.resolve(OP_NAME, backend, target.device)
+    sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
+    resolved = _backend.resolve(OP_NAME, backend, target.device, cuda_lacks=_validation.cuda_lacks(sampling_parameters))
     if validate:
         try:
             reference.validate_tree(parents, num_nodes, tree_token_ids, vocab_size)
         except ValueError as error:
             check.fail(str(error))
         check.sampling_values(temperature, logits, {"target": target, "draft": draft})
+        check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
     return _library.op(OP_NAME)(
         tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
-        seed_tensor, seed_int, offset_tensor, offset_int, resolved,
+        seed_tensor, seed_int, offset_tensor, offset_int, *sampling_parameters, resolved,
     )
 
 
 def _reference(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
-               seed_tensor, seed, offset_tensor, offset):
+               seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None, bonus_token_ids=None):
     seed, offset = _validation.random_state_from_schema(seed_tensor, seed, offset_tensor, offset)
     return reference.tree_verify(
-        tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling, seed, offset
+        tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling, seed, offset,
+        top_k, top_p, min_p, bonus_token_ids,
     )
 
 

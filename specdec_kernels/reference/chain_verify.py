@@ -10,11 +10,15 @@ from __future__ import annotations
 import torch
 
 from .. import rng
-from . import _sampling
+from . import _sampling, _truncation
 
 
-def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits, seed, offset):
+def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits, seed, offset,
+                 top_k=None, top_p=None, min_p=None, bonus_token_ids=None):
     """See ``specdec_kernels.chain_verify``; arguments are already validated.
+
+    ``top_k``/``top_p``/``min_p`` replace every target row ``p`` by its
+    truncation (``_truncation.truncate``) before anything below reads it.
 
     Decision rule per request ``b`` with ``n_b`` drafts ``t_0..t_{n_b-1}``:
 
@@ -27,7 +31,9 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
       after a rejection of a valid id, from ``p_j`` otherwise (bonus row, an
       invalid id, or a residual without mass), by the fixed-point sampler
       on the sample stream at position ``j``; greedy requests emit the
-      argmax. A row without mass (or without a greedy choice) emits ``-1``.
+      argmax. A row without mass (or without a greedy choice) emits ``-1``;
+    * with ``bonus_token_ids``, a request that accepted all ``n_b`` drafts
+      emits ``bonus_token_ids[b]`` instead (greedy requests too).
     """
     batch_size, max_drafts = draft_token_ids.shape
     vocab_size = target.shape[-1]
@@ -35,7 +41,7 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     rows = torch.arange(batch_size, device=device)
     positions = torch.arange(max_drafts, device=device)
 
-    target_probs = _sampling.probabilities(target, temperature, logits)
+    target_probs = _truncation.truncate(_sampling.probabilities(target, temperature, logits), top_k, top_p, min_p)
     draft_probs = None if draft is None else _sampling.probabilities(draft, temperature, logits)
     greedy = _sampling.greedy_requests(temperature, batch_size, device)
     if num_draft_tokens is None:
@@ -81,6 +87,8 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     emitted = _sampling.sample_from_words(stop_words, _sampling.residual_weights(target_row, draft_row, rejected_valid))
     if temperature is not None:
         emitted = torch.where(greedy, _sampling.greedy_tokens(_row_at(target, stop), logits), emitted)
+    if bonus_token_ids is not None:
+        emitted = torch.where(stop == num_drafts, bonus_token_ids.to(torch.int64), emitted)
 
     output = torch.full((batch_size, max_drafts + 1), -1, dtype=torch.int32, device=device)
     output[:, :max_drafts] = torch.where(positions.view(1, -1) < stop.view(-1, 1), token_ids, -1).to(torch.int32)

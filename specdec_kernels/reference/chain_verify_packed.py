@@ -32,7 +32,7 @@ def packed_requests(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_draf
 
 
 def chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits, seed,
-                        offset):
+                        offset, top_k=None, top_p=None, min_p=None, bonus_token_ids=None):
     """See ``specdec_kernels.chain_verify_packed``; arguments are already validated.
 
     Builds the padded equivalent (:func:`packed_requests` says which rows) and
@@ -66,4 +66,4 @@ def chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max
         padded_draft = None if draft is None else draft.index_select(0, draft_rows.flatten()).view(
             batch_size, max_drafts, vocab_size)
     return chain_reference.chain_verify(padded_ids, padded_target, padded_draft, num_drafts.to(torch.int32),
-                                        temperature, logits, seed, offset)
+                                        temperature, logits, seed, offset, top_k, top_p, min_p, bonus_token_ids)

@@ -28,16 +28,20 @@ from __future__ import annotations
 import torch
 
 from .. import rng
-from . import _sampling
+from . import _sampling, _truncation
 from .build_tree import validate_parents
 
 DRAFT_SAMPLING = ("with_replacement", "without_replacement")
 
 
 def tree_verify(
-    tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling, seed, offset
+    tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling, seed, offset,
+    top_k=None, top_p=None, min_p=None, bonus_token_ids=None,
 ):
     """See ``specdec_kernels.tree_verify``; shapes and dtypes are already validated.
+
+    ``top_k``/``top_p``/``min_p`` replace every node's target row by its
+    truncation (``_truncation.truncate``) before anything below reads it.
 
     Decision rule per request ``b``. The current node starts at the root 0
     with residual target ``p`` = target row 0 and proposal ``q`` = draft row 0.
@@ -61,7 +65,10 @@ def tree_verify(
     * when the current node has no child left, the emitted token is drawn
       from ``p`` by the fixed-point sampler on the sample stream at position =
       the current node; greedy requests emit the argmax of its raw target row
-      (``-1`` for a row without mass or without a greedy choice).
+      (``-1`` for a row without mass or without a greedy choice);
+    * with ``bonus_token_ids``, a request none of whose final node's
+      children was tried (the path ends at a leaf, as a chain whose drafts
+      were all accepted) emits ``bonus_token_ids[b]`` instead.
 
     Malformed values never index out of bounds: a node whose parent is not in
     ``[0, i)`` is unreachable, ``num_nodes`` is clamped to ``[1, N]`` (the
@@ -76,7 +83,7 @@ def tree_verify(
     rows = torch.arange(batch_size, device=device)
     slots = torch.arange(tree_size, device=device).view(1, -1)
 
-    target_probs = _sampling.probabilities(target, temperature, logits)
+    target_probs = _truncation.truncate(_sampling.probabilities(target, temperature, logits), top_k, top_p, min_p)
     draft_probs = None if draft is None else _sampling.probabilities(draft, temperature, logits)
     greedy = _sampling.greedy_requests(temperature, batch_size, device)
     greedy_targets = _sampling.greedy_tokens(target, logits)  # [B, N], on the raw rows
@@ -97,6 +104,7 @@ def tree_verify(
     current = torch.zeros(batch_size, dtype=torch.int64, device=device)
     on_path = torch.zeros((batch_size, tree_size), dtype=torch.bool, device=device)
     on_path[:, 0] = True
+    rejected_at_current = torch.zeros(batch_size, dtype=torch.bool, device=device)
     residual_target = target_probs[:, 0]
     proposal = None if draft_probs is None else draft_probs[:, 0]
 
@@ -131,6 +139,7 @@ def tree_verify(
             )
 
         on_path[:, child] = accepted
+        rejected_at_current = (rejected_at_current | tried) & ~accepted
         current = torch.where(accepted, child, current)
 
     # The path's nodes increase with depth: sorting the node indices that are
@@ -142,7 +151,10 @@ def tree_verify(
     output = torch.full((batch_size, tree_size), -1, dtype=torch.int64, device=device)
     output[:, :-1] = torch.where(path[:, 1:] < tree_size, path_tokens, -1)
     sampled = _sampling.sample(keys, current, _sampling.fixed_point(residual_target))
-    output[rows, num_accepted] = torch.where(greedy, greedy_targets[rows, current], sampled)
+    emitted = torch.where(greedy, greedy_targets[rows, current], sampled)
+    if bonus_token_ids is not None:
+        emitted = torch.where(rejected_at_current, emitted, bonus_token_ids.to(torch.int64))
+    output[rows, num_accepted] = emitted
     return accepted_nodes.to(torch.int32), output.to(torch.int32), num_accepted.to(torch.int32)
 
 
