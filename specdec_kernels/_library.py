@@ -93,23 +93,25 @@ def register(op_name: str, implementations: dict[str, Callable], fake: Callable)
     defaults = [argument.default_value for argument in overload._schema.arguments]
     seed_index = names.index("seed") if "seed" in names else None
     seed_tensor_index = names.index("seed_tensor") if "seed_tensor" in names else None
+    # A tensor that is never None gives the call's device.
+    device_index = next(index for index, argument in enumerate(overload._schema.arguments)
+                        if isinstance(argument.type, torch.TensorType))
 
     def dispatch(*args):
-        *arguments, backend = (*args, *defaults[len(args):])
-        if backend not in implementations:
-            backend = _backend.resolve(op_name, backend, _device_of(arguments))
+        # Kept lean: it runs on every call (the public functions pass every
+        # argument and a resolved backend, so that is the first branch).
+        *arguments, backend = args if len(args) == len(defaults) else (*args, *defaults[len(args):])
+        implementation = implementations.get(backend)
+        if implementation is None:
+            implementation = implementations[_backend.resolve(op_name, backend, arguments[device_index].device)]
         if seed_index is not None and arguments[seed_index] is None:
             arguments[seed_index] = (0 if arguments[seed_tensor_index] is not None
-                                     else _validation.fresh_seed(op_name, _device_of(arguments)))
-        return implementations[backend](*arguments)
+                                     else _validation.fresh_seed(op_name, arguments[device_index].device))
+        return implementation(*arguments)
 
     _library.impl(op_name, dispatch, "CPU")
     _library.impl(op_name, dispatch, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{op_name}", lib=_library)(fake)
-
-
-def _device_of(arguments) -> torch.device:
-    return next(value.device for value in arguments if isinstance(value, torch.Tensor))
 
 
 def op(op_name: str):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import threading
 
 import torch
 
@@ -22,6 +23,18 @@ def _shape_text(shape) -> str:
 
 def _dtype_text(dtypes) -> str:
     return " or ".join(str(dtype).replace("torch.", "") for dtype in dtypes)
+
+
+def _matches(actual_shape, shape) -> bool:
+    """Whether ``actual_shape`` fits ``shape``, whose ``None`` entries match any size."""
+    if len(actual_shape) != len(shape):
+        return False
+    if shape.count(None) == len(shape):
+        return True
+    for actual, size in zip(actual_shape, shape):
+        if size is not None and actual != size:
+            return False
+    return True
 
 
 class Checker:
@@ -54,16 +67,12 @@ class Checker:
             self.fail(f"`{name}` must be a torch.Tensor; got {type(value).__name__}", TypeError)
         if value.dtype not in dtypes:
             self.fail(f"`{name}` must have dtype {_dtype_text(dtypes)}; got {_dtype_text([value.dtype])}", TypeError)
-        # Messages are built only on failure, and a plain loop replaces
-        # any(<generator>): these checks run on every call.
+        # These checks run on every call: messages are built only on failure,
+        # and a shape is compared in one C-level equality when it has no
+        # wildcard, by its length when it has only wildcards (0.05 us each,
+        # against 0.5 us for the loop over dims).
         actual_shape = value.shape
-        mismatch = len(actual_shape) != len(shape)
-        if not mismatch:
-            for actual, size in zip(actual_shape, shape):
-                if size is not None and actual != size:
-                    mismatch = True
-                    break
-        if mismatch:
+        if actual_shape != shape and not _matches(actual_shape, shape):
             expected = _shape_text(shape)
             described = f"{symbols} = {expected}" if symbols else expected
             message = f"`{name}` must have shape {described}; got {_shape_text(actual_shape)}"
@@ -90,8 +99,10 @@ class Checker:
         Any real number is taken (a Python or numpy float or int). Returns
         ``None`` or the float32 ``[B]`` tensor the ops take.
         """
-        if value is None or isinstance(value, torch.Tensor):
-            return self.optional_tensor("temperature", value, (batch_size,), (torch.float32,), "[B]")
+        if value is None:
+            return None
+        if isinstance(value, torch.Tensor):
+            return self.tensor("temperature", value, (batch_size,), (torch.float32,), "[B]")
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             self.fail(f"`temperature` must be a float32 tensor of shape [B] or a Python float; "
                       f"got {type(value).__name__}", TypeError)
@@ -121,6 +132,8 @@ class Checker:
         An int is anything with ``__index__`` except a bool (so numpy integers
         count).
         """
+        if type(offset) is int and (seed is None or type(seed) is int):  # the common case, on every call
+            return
         if isinstance(seed, torch.Tensor):
             self.tensor("seed", seed, (batch_size,), (torch.int64,), "[B]")
         elif seed is not None and not _is_integer(seed):
@@ -178,6 +191,11 @@ def split_random_state(seed, offset):
     is accepted, and graph capture bakes them in as constants. ``seed=None``
     stays ``None``: the op draws a fresh seed when it runs (:func:`fresh_seed`).
     """
+    if type(offset) is int and _INT64_MIN <= offset <= _INT64_MAX:  # the common cases first: on every call
+        if seed is None:
+            return None, None, None, offset
+        if type(seed) is int and _INT64_MIN <= seed <= _INT64_MAX:
+            return None, seed, None, offset
     if isinstance(seed, torch.Tensor):
         seed_tensor, seed_int = seed, 0
     else:
@@ -186,10 +204,13 @@ def split_random_state(seed, offset):
     return seed_tensor, seed_int, offset_tensor, offset_int
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _wrap_int64(value) -> int:
     if not isinstance(value, int):  # a numpy integer
         value = operator.index(value)
-    if -(2**63) <= value < 2**63:
+    if _INT64_MIN <= value <= _INT64_MAX:
         return value
     value &= 0xFFFFFFFFFFFFFFFF
     return value - 2**64 if value >= 2**63 else value
@@ -197,6 +218,10 @@ def _wrap_int64(value) -> int:
 
 # Seeds drawn for ``seed=None`` are 63-bit: [0, 2**63 - 1).
 _FRESH_SEED_BOUND = 2**63 - 1
+# One CPU scalar per thread receives the draws: ``random_`` into it costs
+# 1.4 us against 2.4 us for ``torch.randint(...).item()``, and the explicit
+# CPU device keeps the draw on the host under ``torch.set_default_device``.
+_seed_buffers = threading.local()
 
 
 def fresh_seed(op_name: str, device: torch.device) -> int:
@@ -215,7 +240,10 @@ def fresh_seed(op_name: str, device: torch.device) -> int:
             "pass `seed` as an int64 tensor [B] (or an int) and `offset` as an int64 tensor that you advance "
             "between replays"
         )
-    return int(torch.randint(_FRESH_SEED_BOUND, (), dtype=torch.int64))
+    buffer = getattr(_seed_buffers, "value", None)
+    if buffer is None:
+        buffer = _seed_buffers.value = torch.empty((), dtype=torch.int64, device="cpu")
+    return buffer.random_(_FRESH_SEED_BOUND).item()
 
 
 def random_state_from_schema(seed_tensor, seed, offset_tensor, offset):
