@@ -14,9 +14,9 @@ The ints are ``SymInt`` so that ``torch.compile`` keeps a stepping Python
 graph on its value, one recompilation per step. ``SymInt? seed=None`` means
 "draw a fresh seed" (``_validation.fresh_seed``): the dispatcher draws it
 when the op runs, so every op whose schema has that argument gets the
-behaviour, and such ops carry the ``nondeterministic_seeded`` tag, which
-tells the compiler that the op consumes the global RNG's state (never
-constant-folded, deduplicated or dropped), as for ``aten.randint``.
+behaviour, and such ops carry the ``nondeterministic_seeded`` tag of
+torch's random ops: the op consumes the global generator's state, so the
+compiler must not fold, drop or recompute it (docs/rng.md).
 """
 
 from __future__ import annotations

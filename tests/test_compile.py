@@ -66,6 +66,19 @@ def test_seed_none_draws_when_the_compiled_graph_runs(device):
     assert not torch.equal(compiled_tokens[0], compiled_tokens[1])
 
 
+@pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+def test_two_seed_none_calls_in_one_graph_draw_twice(compiler, device):
+    """Two identical calls are not merged into one: each draws its own seed."""
+    draft_ids, target, draft = chain_inputs(device, batch_size=8, max_drafts=0, vocab_size=1000)
+
+    @torch.compile(fullgraph=True, backend=compiler)
+    def twice(draft_ids, target, draft):
+        return chain_step(draft_ids, target, draft, None, 0)[0], chain_step(draft_ids, target, draft, None, 0)[0]
+
+    first, second = twice(draft_ids, target, draft)
+    assert not torch.equal(first, second)
+
+
 @pytest.mark.parametrize("offset_kind", ["int", "tensor"])
 def test_a_whole_chain_step_compiles(offset_kind, device):
     """Hidden states -> a linear head -> logits -> chain_verify(logits=True), in one graph."""

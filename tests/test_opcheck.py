@@ -70,8 +70,8 @@ def test_opcheck(backend, device):
 
 
 def test_seeded_ops_are_tagged_as_consuming_the_global_rng():
-    """The tag keeps the compiler from constant-folding, deduplicating or
-    dropping a call that draws its seed when it runs."""
+    """With ``seed=None`` the ops draw from torch's generator when they run:
+    the tag of torch's random ops tells the compiler passes they are impure."""
     for name in ("chain_verify", "tree_verify"):
         assert torch.Tag.nondeterministic_seeded in _library.op(name).tags
     assert torch.Tag.nondeterministic_seeded not in _library.op("build_tree").tags
