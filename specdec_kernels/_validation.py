@@ -40,9 +40,10 @@ def _matches(actual_shape, shape) -> bool:
 class Checker:
     """Checks the arguments of one op call; every message starts with the op name.
 
-    The first tensor checked with ``symbols`` defines the sizes (``B``,
-    ``K``, ``N``, ``V``, ...) the later ones are checked against, so a shape
-    mismatch names both arguments and both shapes.
+    The first tensor checked usually defines the sizes (``B``, ``K``, ``N``,
+    ``V``, ...) the later ones are checked against; a shape mismatch names
+    both arguments and both shapes (``tensor(..., sizes_from=)`` names
+    another source).
     """
 
     def __init__(self, op_name: str, device: torch.device):
