@@ -28,6 +28,16 @@ def counting_backend(compilations: list):
     return backend
 
 
+def linear_head(in_features, out_features, seed):
+    """A linear layer with weights from its own generator (the tests do not depend on the global RNG)."""
+    head = torch.nn.Linear(in_features, out_features)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=generator) / in_features**0.5)
+        head.bias.copy_(torch.randn(head.bias.shape, generator=generator))
+    return head
+
+
 def chain_step(draft_ids, target, draft, seed, offset):
     return sk.chain_verify(draft_ids, target, draft, seed=seed, offset=offset, backend="reference")
 
@@ -84,8 +94,8 @@ def test_a_whole_chain_step_compiles(offset_kind, device):
     """Hidden states -> a linear head -> logits -> chain_verify(logits=True), in one graph."""
     batch_size, max_drafts, hidden, vocab_size = 3, 3, 16, 40
     generator = torch.Generator().manual_seed(5)
-    head = torch.nn.Linear(hidden, vocab_size).to(device)
-    draft_head = torch.nn.Linear(hidden, vocab_size).to(device)
+    head = linear_head(hidden, vocab_size, seed=1).to(device)
+    draft_head = linear_head(hidden, vocab_size, seed=2).to(device)
     states = torch.randn(batch_size, max_drafts + 1, hidden, generator=generator).to(device)
     draft_ids, _, _ = chain_inputs(device, batch_size, max_drafts, vocab_size)
     temperature = torch.tensor([1.0, 0.0, 0.7], device=device)
@@ -109,8 +119,12 @@ def test_a_whole_tree_step_compiles(device):
     compact_kv's in-place moves reach the caller's caches."""
     tokens, parents, _ = tree_inputs(device)
     q, k_cache, v_cache, tables, lens = cache_inputs(device)
-    batch_size, num_nodes, query_heads, head_dim = q.shape
-    head = torch.nn.Linear(query_heads * head_dim, 12).to(device)
+    query_heads, head_dim = q.shape[2:]
+    head = linear_head(query_heads * head_dim, 12, seed=6).to(device)
+    with torch.no_grad():
+        # Token 2 dominates every row: request 0 rejects node 1 and accepts
+        # node 2, so compact_kv moves node 2's K/V to position 1.
+        head.bias[2] = 20.0
     num_nodes_per_request = torch.tensor([5, 4], dtype=torch.int32, device=device)
 
     def step(q, k_cache, v_cache, tokens, parents, seed):
@@ -120,10 +134,9 @@ def test_a_whole_tree_step_compiles(device):
         accepted_nodes, output, num_accepted = sk.tree_verify(tokens, parents, logits, num_nodes=num_nodes_per_request,
                                                               logits=True, seed=seed, offset=1)
         sk.compact_kv(k_cache, v_cache, tables, lens, accepted_nodes)
-        return accepted_nodes, output, num_accepted + 1, info.positions
+        return attended, accepted_nodes, output, num_accepted + 1, info.positions
 
     compiled = torch.compile(step, fullgraph=True)
-    moved = []
     with torch.no_grad():
         for seed in (3, None):
             caches = (k_cache.clone(), v_cache.clone())
@@ -134,5 +147,5 @@ def test_a_whole_tree_step_compiles(device):
             expected = step(q, *eager_caches, tokens, parents, seed)
             assert all(torch.equal(output, wanted) for output, wanted in zip(outputs, expected)), seed
             assert all(torch.equal(cache, wanted) for cache, wanted in zip(caches, eager_caches)), seed
-            moved.append(not torch.equal(eager_caches[0], k_cache))
-    assert any(moved)  # the inputs make compact_kv move entries, so the in-place write is checked
+            assert outputs[1][0, :2].tolist() == [0, 2]
+            assert not torch.equal(caches[0], k_cache) and not torch.equal(caches[1], v_cache)
