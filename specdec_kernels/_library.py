@@ -8,6 +8,15 @@ CUDA by a dispatcher that runs the backend chosen on the host
 string argument. Seeds and offsets travel as an optional tensor plus an int:
 a tensor is read by the kernel (fresh numbers on every CUDA-graph replay),
 an int is a launch constant.
+
+The ints are ``SymInt`` so that ``torch.compile`` keeps a stepping Python
+``offset`` (or ``seed``) symbolic: an ``int`` schema argument specialises the
+graph on its value, one recompilation per step. ``SymInt? seed=None`` means
+"draw a fresh seed" (``_validation.fresh_seed``): the dispatcher draws it
+when the op runs, so every op whose schema has that argument gets the
+behaviour, and such ops carry the ``nondeterministic_seeded`` tag of
+torch's random ops: the op consumes the global generator's state, so the
+compiler must not fold, drop or recompute it (docs/rng.md).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from . import _backend
+from . import _backend, _validation
 
 NAMESPACE = "specdec"
 
@@ -25,21 +34,21 @@ NAMESPACE = "specdec"
 SCHEMAS = {
     "chain_verify": (
         "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft=None, Tensor? num_draft_tokens=None, "
-        "Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, int seed=0, "
-        "Tensor? offset_tensor=None, int offset=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
+        "Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, SymInt? seed=None, "
+        "Tensor? offset_tensor=None, SymInt offset=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
         "Tensor? bonus_token_ids=None, str backend=\"auto\") -> (Tensor, Tensor)"
     ),
     "chain_verify_packed": (
         "chain_verify_packed(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target, Tensor? draft, "
         "int max_num_draft_tokens, Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, "
-        "int seed=0, Tensor? offset_tensor=None, int offset=0, Tensor? top_k=None, Tensor? top_p=None, "
+        "SymInt? seed=None, Tensor? offset_tensor=None, SymInt offset=0, Tensor? top_k=None, Tensor? top_p=None, "
         "Tensor? min_p=None, Tensor? bonus_token_ids=None, str backend=\"auto\") -> (Tensor, Tensor)"
     ),
     "tree_verify": (
         "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft=None, "
         "Tensor? num_nodes=None, Tensor? temperature=None, bool logits=False, "
-        "str draft_sampling=\"without_replacement\", Tensor? seed_tensor=None, int seed=0, "
-        "Tensor? offset_tensor=None, int offset=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
+        "str draft_sampling=\"without_replacement\", Tensor? seed_tensor=None, SymInt? seed=None, "
+        "Tensor? offset_tensor=None, SymInt offset=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
         "Tensor? bonus_token_ids=None, str backend=\"auto\") -> (Tensor, Tensor, Tensor)"
     ),
     "build_tree": (
@@ -56,9 +65,23 @@ SCHEMAS = {
     ),
 }
 
+
+def _draws_seed(schema: str) -> bool:
+    """Whether the op draws a seed when ``seed`` is None (its schema has ``SymInt? seed``)."""
+    return any(argument.name == "seed" and isinstance(argument.type, torch.OptionalType)
+               for argument in torch._C.parse_schema(schema).arguments)
+
+
 _library = torch.library.Library(NAMESPACE, "DEF")
 for _schema in SCHEMAS.values():
-    _library.define(_schema)
+    _library.define(_schema, tags=(torch.Tag.nondeterministic_seeded,) if _draws_seed(_schema) else ())
+
+# The backends of each op, keyed by backend name (bench/bench_call_overhead.py
+# swaps one for a stub to time everything but the kernel).
+IMPLEMENTATIONS: dict[str, dict[str, Callable]] = {}
+# The ops' default overloads: calling one skips the overload lookup that
+# ``torch.ops.specdec.<op>(...)`` does on every call (about 0.6 us).
+_OVERLOADS: dict[str, torch._ops.OpOverload] = {}
 
 
 def register(op_name: str, implementations: dict[str, Callable], fake: Callable) -> None:
@@ -67,16 +90,32 @@ def register(op_name: str, implementations: dict[str, Callable], fake: Callable)
     Every implementation takes all the schema's arguments except the
     trailing ``backend``. The public functions pass a resolved backend; a
     direct ``torch.ops.specdec`` call may omit trailing arguments (the
-    dispatcher passes only those given) or say ``"auto"``.
+    dispatcher passes only those given) or say ``"auto"``. A ``seed`` of
+    ``None`` is replaced here, when the op runs, by ``0`` next to a seed
+    tensor or else by a fresh seed, so the implementations always get an int.
     """
-    defaults = [argument.default_value for argument in getattr(torch.ops.specdec, op_name).default._schema.arguments]
+    overload = getattr(torch.ops.specdec, op_name).default
+    _OVERLOADS[op_name] = overload
+    IMPLEMENTATIONS[op_name] = implementations
+    names = [argument.name for argument in overload._schema.arguments]
+    defaults = [argument.default_value for argument in overload._schema.arguments]
+    seed_index = names.index("seed") if "seed" in names else None
+    seed_tensor_index = names.index("seed_tensor") if "seed_tensor" in names else None
+    # A tensor that is never None gives the call's device.
+    device_index = next(index for index, argument in enumerate(overload._schema.arguments)
+                        if isinstance(argument.type, torch.TensorType))
 
     def dispatch(*args):
-        *arguments, backend = (*args, *defaults[len(args):])
-        if backend not in implementations:
-            device = next(value.device for value in arguments if isinstance(value, torch.Tensor))
-            backend = _backend.resolve(op_name, backend, device)
-        return implementations[backend](*arguments)
+        # Kept lean: it runs on every call (the public functions pass every
+        # argument and a resolved backend, so that is the first branch).
+        *arguments, backend = args if len(args) == len(defaults) else (*args, *defaults[len(args):])
+        implementation = implementations.get(backend)
+        if implementation is None:
+            implementation = implementations[_backend.resolve(op_name, backend, arguments[device_index].device)]
+        if seed_index is not None and arguments[seed_index] is None:
+            arguments[seed_index] = (0 if arguments[seed_tensor_index] is not None
+                                     else _validation.fresh_seed(op_name, arguments[device_index].device))
+        return implementation(*arguments)
 
     _library.impl(op_name, dispatch, "CPU")
     _library.impl(op_name, dispatch, "CUDA")
@@ -84,5 +123,5 @@ def register(op_name: str, implementations: dict[str, Callable], fake: Callable)
 
 
 def op(op_name: str):
-    """The registered op, ``torch.ops.specdec.<op_name>``."""
-    return getattr(torch.ops.specdec, op_name)
+    """The registered op's default overload, ``torch.ops.specdec.<op_name>.default``."""
+    return _OVERLOADS[op_name]

@@ -1,122 +1,21 @@
-"""Every op is a correctly registered torch op: opcheck, torch.compile, CUDA graphs."""
+"""Every op is a registered torch op, callable directly and inside CUDA graphs.
+
+``torch.library.opcheck``: test_opcheck.py; ``torch.compile``: test_compile.py.
+"""
 
 import pytest
 import torch
 
 import specdec_kernels as sk
 from conftest import backend_or_skip
+from op_inputs import cache_inputs, chain_inputs, tree_inputs
 from specdec_kernels import _library
-
-
-def chain_inputs(device, batch_size=3, max_drafts=3, vocab_size=40):
-    generator = torch.Generator().manual_seed(0)
-    target = torch.softmax(torch.randn(batch_size, max_drafts + 1, vocab_size, generator=generator), -1)
-    draft = torch.softmax(torch.randn(batch_size, max_drafts, vocab_size, generator=generator), -1)
-    draft_ids = torch.randint(0, vocab_size, (batch_size, max_drafts), generator=generator)
-    return draft_ids.to(device), target.to(device), draft.to(device)
-
-
-def tree_inputs(device):
-    parents = torch.tensor([[-1, 0, 0, 1, 1], [-1, 0, 1, 2, 0]], dtype=torch.int32)
-    tokens = torch.tensor([[7, 1, 2, 3, 4], [7, 5, 6, 7, 8]])
-    target = torch.softmax(torch.randn(2, 5, 12, generator=torch.Generator().manual_seed(1)), -1)
-    return tokens.to(device), parents.to(device), target.to(device)
-
-
-def cache_inputs(device):
-    generator = torch.Generator().manual_seed(2)
-    q = torch.randn(2, 5, 4, 64, generator=generator)
-    k_cache = torch.randn(6, 4, 2, 64, generator=generator)
-    v_cache = torch.randn(6, 4, 2, 64, generator=generator)
-    tables = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
-    lens = torch.tensor([3, 5], dtype=torch.int32)
-    return tuple(t.to(device) for t in (q, k_cache, v_cache, tables, lens))
-
-
-def opcheck_cases(device):
-    draft_ids, target, draft = chain_inputs(device)
-    offset = torch.tensor(4, device=device)
-    seeds = torch.tensor([1, 2, 3], device=device)
-    yield "chain_verify", (draft_ids, target, draft, None, None, False, None, 5, None, 0)
-    yield "chain_verify", (draft_ids, target, None, None, None, False, seeds, 0, offset, 0)
-    # The same requests packed: request b's drafts and target rows concatenated.
-    cu = torch.tensor([0, 3, 6, 9], dtype=torch.int32, device=device)
-    yield "chain_verify_packed", (draft_ids.reshape(-1), cu, target.reshape(-1, target.shape[-1]),
-                                  draft.reshape(-1, draft.shape[-1]), 3, None, False, None, 5, None, 0)
-    yield "chain_verify_packed", (draft_ids.reshape(-1), cu.long(), target.reshape(-1, target.shape[-1]), None, 4,
-                                  None, False, seeds, 0, offset, 0)
-    tokens, parents, tree_target = tree_inputs(device)
-    yield "tree_verify", (tokens, parents, tree_target, None, None, None, False, "without_replacement",
-                          None, 3, None, 1)
-    yield "build_tree", (parents, None, None)
-    q, k_cache, v_cache, tables, lens = cache_inputs(device)
-    mask = sk.build_tree(parents).mask
-    yield "tree_attention", (q, k_cache, v_cache, tables, lens, mask, None, 0.125)
-    accepted = torch.tensor([[0, 1, 3, -1, -1], [0, 4, -1, -1, -1]], dtype=torch.int32, device=device)
-    yield "compact_kv", (k_cache.clone(), v_cache.clone(), tables, lens, accepted)
 
 
 def test_every_op_in_the_contract_is_registered():
     for name in ("chain_verify", "chain_verify_packed", "tree_verify", "build_tree", "tree_attention", "compact_kv"):
         assert hasattr(torch.ops.specdec, name)
         assert name in _library.SCHEMAS
-
-
-@pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_opcheck(backend, device):
-    for name, args in opcheck_cases(device):
-        if backend != "reference":
-            try:
-                backend_or_skip(name, backend)
-            except pytest.skip.Exception:
-                continue
-        torch.library.opcheck(_library.op(name), (*args, backend))
-
-
-def test_chain_verify_under_torch_compile_fullgraph(device):
-    draft_ids, target, draft = chain_inputs(device)
-
-    @torch.compile(fullgraph=True)  # inductor: the op stays opaque, the "+ 1" is generated code
-    def verify(draft_ids, target, draft, offset):
-        tokens, accepted = sk.chain_verify(draft_ids, target, draft, seed=9, offset=offset, backend="reference")
-        return tokens, accepted + 1
-
-    offset = torch.tensor(3, device=device)
-    tokens, emitted = verify(draft_ids, target, draft, offset)
-    expected = sk.chain_verify(draft_ids, target, draft, seed=9, offset=offset, backend="reference")
-    assert torch.equal(tokens, expected[0]) and torch.equal(emitted, expected[1] + 1)
-
-
-def test_chain_verify_packed_under_torch_compile_fullgraph(device):
-    draft_ids, target, draft = chain_inputs(device)
-    cu = torch.tensor([0, 3, 3, 5], device=device)
-    ids, rows, draft_rows = draft_ids.reshape(-1)[:5], target.reshape(-1, 40)[:8], draft.reshape(-1, 40)[:5]
-
-    @torch.compile(fullgraph=True, backend="aot_eager")
-    def verify(ids, cu, rows, draft_rows, offset):
-        tokens, accepted = sk.chain_verify_packed(ids, cu, rows, draft_rows, max_num_draft_tokens=4, seed=9,
-                                                  offset=offset, backend="reference")
-        return tokens, accepted + 1
-
-    offset = torch.tensor(3, device=device)
-    tokens, emitted = verify(ids, cu, rows, draft_rows, offset)
-    expected = sk.chain_verify_packed(ids, cu, rows, draft_rows, max_num_draft_tokens=4, seed=9, offset=offset,
-                                      backend="reference")
-    assert tokens.shape == (3, 5)
-    assert torch.equal(tokens, expected[0]) and torch.equal(emitted, expected[1] + 1)
-
-
-def test_tree_ops_under_torch_compile_fullgraph(device):
-    tokens, parents, target = tree_inputs(device)
-
-    @torch.compile(fullgraph=True, backend="aot_eager")
-    def verify(tokens, parents, target):
-        info = sk.build_tree(parents)
-        return sk.tree_verify(tokens, parents, target, seed=2)[0], info.depth
-
-    nodes, depth = verify(tokens, parents, target)
-    assert torch.equal(nodes, sk.tree_verify(tokens, parents, target, seed=2)[0])
-    assert torch.equal(depth, sk.build_tree(parents).depth)
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])

@@ -19,7 +19,7 @@ def chain_verify(
     num_draft_tokens=None,
     temperature=None,
     logits=False,
-    seed=0,
+    seed=None,
     offset=0,
     top_k=None,
     top_p=None,
@@ -48,16 +48,24 @@ def chain_verify(
         drafts as deterministic (one-hot) proposals.
     num_draft_tokens : Tensor, int32 or int64, optional
         Drafts per request, ``0 <= n_b <= K``; default ``K``.
-    temperature : Tensor, float32, or float, optional
-        Per-request temperature (or one for the batch); ``0`` makes a request greedy. With
-        ``logits=True`` the distributions are ``softmax(x / T_b)``.
+    temperature : Tensor, float32, or a real number, optional
+        Per-request temperature, or one Python or numpy number for the batch;
+        ``0`` makes a request greedy. With ``logits=True`` the distributions
+        are ``softmax(x / T_b)``.
     logits : bool
         ``target``/``draft`` hold logits.
-    seed : int or Tensor
-        One int for the batch, or int64 ``[B]`` (one per request).
+    seed : None, int or Tensor
+        ``None`` (default): a fresh 63-bit seed drawn from torch's default CPU
+        generator when the op runs, so ``torch.manual_seed`` makes runs
+        repeatable and no two calls share numbers; no device is touched, and
+        under CUDA-graph capture it raises (the drawn value would repeat on
+        every replay). An int (numpy integers too) is one seed for the batch;
+        an int64 tensor ``[B]`` holds one per request.
     offset : int or Tensor
         int, or int64 ``[]``/``[B]`` read on the device (advance it between
-        CUDA-graph replays).
+        CUDA-graph replays). Under ``torch.compile`` a stepping Python int
+        (or int ``seed``) costs one recompilation, when its second value
+        makes it symbolic, not one per step.
     top_k : Tensor int32/int64 ``[B]``, int, or None
         Keep the ``top_k`` most probable tokens of every target row (ties at
         the threshold kept); ``0`` = off.

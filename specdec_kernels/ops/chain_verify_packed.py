@@ -21,7 +21,7 @@ def chain_verify_packed(
     max_num_draft_tokens,
     temperature=None,
     logits=False,
-    seed=0,
+    seed=None,
     offset=0,
     top_k=None,
     top_p=None,

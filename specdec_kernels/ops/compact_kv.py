@@ -51,8 +51,10 @@ def compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, *, b
     check.tensor("v_cache", v_cache, tuple(k_cache.shape), (k_cache.dtype,), "[num_blocks, block_size, Hkv, D]")
     check.tensor("accepted_nodes", accepted_nodes, (None, None), _validation.TOKEN_DTYPES, "[B, N]")
     batch_size = accepted_nodes.shape[0]
-    check.tensor("block_tables", block_tables, (batch_size, None), _validation.TOKEN_DTYPES, "[B, max_blocks]")
-    check.tensor("prefix_lens", prefix_lens, (batch_size,), _validation.TOKEN_DTYPES, "[B]")
+    check.tensor("block_tables", block_tables, (batch_size, None), _validation.TOKEN_DTYPES, "[B, max_blocks]",
+                 sizes_from="accepted_nodes")
+    check.tensor("prefix_lens", prefix_lens, (batch_size,), _validation.TOKEN_DTYPES, "[B]",
+                 sizes_from="accepted_nodes")
     resolved = _backend.resolve(OP_NAME, backend, k_cache.device)
     _library.op(OP_NAME)(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, resolved)
 

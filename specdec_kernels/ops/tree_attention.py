@@ -25,13 +25,13 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
         float16 or bfloat16 (float32 too on the reference backend).
     k_cache, v_cache : Tensor ``[num_blocks, block_size, Hkv, D]``
         Paged cache, dtype of ``q``; ``Hq % Hkv == 0``; ``D`` in {64, 128, 256}.
-    block_tables : Tensor, int32 ``[B, max_blocks]``
+    block_tables : Tensor, int32 or int64 ``[B, max_blocks]``
         Position ``s`` lives in block ``block_tables[b, s // block_size]``.
         Positions past the table or in blocks outside the cache are masked out.
-    prefix_lens : Tensor, int32 ``[B]``
+    prefix_lens : Tensor, int32 or int64 ``[B]``
     tree_mask : Tensor, int32 ``[B, N, ceil(N/32)]``
         ``TreeInfo.mask``.
-    num_nodes : Tensor, int32 ``[B]``, optional
+    num_nodes : Tensor, int32 or int64 ``[B]``, optional
         Rows at or past it are zero.
     scale : float, optional
         Default ``D ** -0.5``.
@@ -60,16 +60,17 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
     if head_dim not in HEAD_DIMS:
         check.fail(f"`q` must have a head dimension D in {HEAD_DIMS}; got D = {head_dim}")
     check.tensor("k_cache", k_cache, (None, None, None, head_dim), (q.dtype,), "[num_blocks, block_size, Hkv, D]")
-    check.tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), "[num_blocks, block_size, Hkv, D]")
+    check.tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), "[num_blocks, block_size, Hkv, D]",
+                 sizes_from="k_cache")
     kv_heads = k_cache.shape[2]
     if kv_heads < 1 or query_heads % kv_heads != 0:
         check.fail(f"query heads must be a multiple of KV heads (Hq % Hkv == 0); got Hq = {query_heads}, "
                    f"Hkv = {kv_heads}")
-    check.tensor("block_tables", block_tables, (batch_size, None), (torch.int32,), "[B, max_blocks]")
-    check.tensor("prefix_lens", prefix_lens, (batch_size,), (torch.int32,), "[B]")
+    check.tensor("block_tables", block_tables, (batch_size, None), _validation.TOKEN_DTYPES, "[B, max_blocks]")
+    check.tensor("prefix_lens", prefix_lens, (batch_size,), _validation.TOKEN_DTYPES, "[B]")
     words = (max_nodes + 31) // 32
     check.tensor("tree_mask", tree_mask, (batch_size, max_nodes, words), (torch.int32,), "[B, N, ceil(N/32)]")
-    check.optional_tensor("num_nodes", num_nodes, (batch_size,), (torch.int32,), "[B]")
+    check.optional_tensor("num_nodes", num_nodes, (batch_size,), _validation.TOKEN_DTYPES, "[B]")
     if scale is None:
         scale = head_dim**-0.5
     resolved = _backend.resolve(OP_NAME, backend, q.device)

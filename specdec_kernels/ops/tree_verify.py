@@ -22,7 +22,7 @@ def tree_verify(
     temperature=None,
     logits=False,
     draft_sampling="without_replacement",
-    seed=0,
+    seed=None,
     offset=0,
     top_k=None,
     top_p=None,
