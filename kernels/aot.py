@@ -43,6 +43,16 @@ CHAIN_VERIFY_SHAPES = (
     (1024, 8, 16, "bf16", True, True, False, True),
 )
 
+# The same fields, compiled with every sampling parameter (top_k, top_p,
+# min_p, bonus ids): the whole-row walk with the truncation search
+# (kernels/truncation.py), one request per program at large vocabularies and
+# the most rows per program at a tiny one.
+CHAIN_VERIFY_SAMPLING_SHAPES = (
+    (1, 4, 128256, "fp32", True, False, False, False),
+    (64, 4, 128256, "bf16", True, True, True, True),
+    (256, 3, 8, "fp32", False, False, False, False),
+)
+
 
 # (batch, tree size, vocabulary, dtype, draft given, draft sampling, logits,
 # per-request seeds): the EAGLE range, the largest tree (N = 1024, one node
@@ -54,6 +64,31 @@ TREE_VERIFY_SHAPES = (
     (256, 8, 100, "fp16", True, "without_replacement", True, False),
     (512, 64, 16, "fp32", True, "without_replacement", False, True),
 )
+
+# The same fields, with every sampling parameter (top_k, top_p, min_p, bonus ids).
+TREE_VERIFY_SAMPLING_SHAPES = (
+    (8, 64, 128256, "fp32", True, "without_replacement", False, False),
+    (64, 32, 32000, "bf16", False, "without_replacement", True, True),
+)
+
+# Kernel arguments of the sampling parameters, after ``temperature_ptr``.
+SAMPLING_POINTERS = {"top_k_ptr": "*i32", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "bonus_ptr": "*i64"}
+
+
+def _with_sampling_pointers(signature: dict) -> dict:
+    """``signature`` with the sampling parameters' pointers inserted after ``temperature_ptr`` (kernel order)."""
+    ordered = {}
+    for name, kind in signature.items():
+        ordered[name] = kind
+        if name == "temperature_ptr":
+            ordered.update(SAMPLING_POINTERS)
+    return ordered
+
+
+def _sampling_constexprs(sampling: bool, search_block: int) -> dict:
+    return {"HAS_TOP_K": sampling, "HAS_TOP_P": sampling, "HAS_MIN_P": sampling, "TRUNCATE": sampling,
+            "HAS_BONUS": sampling, "SEARCH_BLOCK": search_block}
+
 
 # (tree size, parents dtype, prefix_lens dtype): N <= 64 is one program per
 # request, N = 1024 the widest mask row (32 words).
@@ -111,13 +146,16 @@ def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
 
 def chain_verify_variants():
     """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's configurations."""
-    from specdec_kernels.launchers.chain_verify import launch_config
+    from specdec_kernels.launchers.chain_verify import GPU_LIMITS, launch_config, num_warps, truncation_limits
 
     from .chain_verify import _chain_verify_kernel
 
     variants = []
-    for batch, drafts, vocab, dtype, draft, logits, per_request, packed in CHAIN_VERIFY_SHAPES:
-        config = launch_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS)
+    shapes = [(shape, False) for shape in CHAIN_VERIFY_SHAPES] + [(shape, True) for shape in CHAIN_VERIFY_SAMPLING_SHAPES]
+    for (batch, drafts, vocab, dtype, draft, logits, per_request, packed), sampling in shapes:
+        # Truncation needs whole rows: the launcher then takes one slice per row.
+        config = launch_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS,
+                               truncation_limits(GPU_LIMITS) if sampling else GPU_LIMITS)
         signature = {
             "draft_ids_ptr": "*i64", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
             "num_drafts_ptr": "*i32", "cu_ptr": "*i64", "temperature_ptr": "*fp32",
@@ -137,14 +175,17 @@ def chain_verify_variants():
             "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": not packed, "PACKED": packed, "HAS_TEMPERATURE": True,
             "LOGITS": logits,
             "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
-            "WALK": logits and config.num_splits == 1, "ROWS": config.rows, "BLOCK_K1": config.block_k1,
+            "WALK": (logits or sampling) and config.num_splits == 1,
+            **_sampling_constexprs(sampling, config.search_block),
+            "ROWS": config.rows, "BLOCK_K1": config.block_k1,
             "BLOCK_V": config.block_v, "SPLIT_TILE": config.split_tile, "CHUNK_TILE": config.chunk_tile,
         }
+        signature = _with_sampling_pointers(signature)
         signature.update({key: "constexpr" for key in constexprs})
         mode = ("logits walk" if constexprs["WALK"] else "logits waves") if logits else "probs"
         name = (f"chain_verify{'_packed' if packed else ''} B={batch} K={drafts} V={vocab} {dtype} {mode}"
-                f"{'' if draft else ' one-hot'} rows={config.rows}")
-        options = {"num_warps": 4, "enable_fp_fusion": False}
+                f"{'' if draft else ' one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''} rows={config.rows}")
+        options = {"num_warps": num_warps(sampling), "enable_fp_fusion": False}
         if config.max_registers is not None:
             options["maxnreg"] = config.max_registers
         # Contiguous inputs: the strides and sizes the launcher passes for these
@@ -191,7 +232,8 @@ def tree_verify_variants():
     from .tree_verify import _tree_verify_kernel
 
     variants = []
-    for batch, tree_size, vocab, dtype, draft, draft_sampling, logits, per_request in TREE_VERIFY_SHAPES:
+    shapes = [(shape, False) for shape in TREE_VERIFY_SHAPES] + [(shape, True) for shape in TREE_VERIFY_SAMPLING_SHAPES]
+    for (batch, tree_size, vocab, dtype, draft, draft_sampling, logits, per_request), sampling in shapes:
         config = launch_config(batch, tree_size, vocab)
         rows = scratch_rows(draft, draft_sampling)
         signature = {
@@ -210,12 +252,15 @@ def tree_verify_variants():
             "HAS_DRAFT": draft, "HAS_NUM_NODES": True, "HAS_TEMPERATURE": True, "LOGITS": logits,
             "REMOVE_DRAWN": rows == 2, "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True,
             "OFFSET_PER_REQUEST": per_request, "SCRATCH_ROWS": rows,
+            **_sampling_constexprs(sampling, config.search_block),
             "ROWS": config.rows, "BLOCK_N": config.block_n, "BLOCK_V": config.block_v,
             "CHUNK_TILE": config.chunk_tile,
         }
+        signature = _with_sampling_pointers(signature)
         signature.update({key: "constexpr" for key in constexprs})
         name = (f"tree_verify B={batch} N={tree_size} V={vocab} {dtype} {'logits' if logits else 'probs'} "
-                f"{draft_sampling if draft else 'one-hot'} rows={config.rows}")
+                f"{draft_sampling if draft else 'one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''} "
+                f"rows={config.rows}")
         values = {"tree_size": tree_size, "vocab_size": vocab, "stride_ids_b": tree_size, "stride_ids_n": 1,
                   "stride_parents_b": tree_size, "stride_parents_n": 1,
                   "stride_target_b": tree_size * vocab, "stride_target_n": vocab,

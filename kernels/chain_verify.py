@@ -249,6 +249,9 @@ def _request_rows(draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, 
     first_ids = draft_ids_ptr + first_draft * stride_ids_b
     first_target_row = target_ptr + first_target * stride_target_b
     return first_ids, first_target_row, draft_ptr + first_draft * stride_draft_b, num_drafts
+
+
+@triton.jit
 def _takes_bonus(active, stop, num_drafts, HAS_BONUS: tl.constexpr):
     """Requests that accepted all their drafts and emit the engine's bonus token (their bonus row is not read)."""
     if HAS_BONUS:

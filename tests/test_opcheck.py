@@ -82,7 +82,7 @@ def test_opcheck(backend, device):
             except pytest.skip.Exception:
                 continue
         try:
-            torch.library.opcheck(_library.op(name), (*args, backend))
+            torch.library.opcheck(_library.op(name), args, {"backend": backend})
         except Exception as error:
             raise AssertionError(f"opcheck failed for the case {case!r}") from error
 

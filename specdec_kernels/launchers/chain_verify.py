@@ -25,6 +25,7 @@ class Limits(NamedTuple):
     decision_tile: int  # ROWS * BLOCK_K1: the acceptance tile, which holds Philox state per element
     combine_tile: int  # ROWS * BLOCK_K1 * SPLIT_TILE and ROWS * CHUNK_TILE: the finishing program's tiles
     max_splits: int | None  # None: as many as fill the GPU
+    max_rows: int | None = None  # requests per program at most (None: as the tiles allow)
 
 
 # GPU: 4 warps, 8 elements of the vocabulary tile per thread. One element
@@ -37,6 +38,18 @@ GPU_MAX_REGISTERS = 128
 # many requests share a program; three slices at most, so tests with a few
 # thousand tokens still cross slices.
 INTERPRETER_LIMITS = Limits(tile=32768, decision_tile=1 << 20, combine_tile=1 << 20, max_splits=3)
+
+
+def num_warps(truncate: bool) -> int:
+    """4 warps; 8 with truncation, whose search and walk state spilled 12-32 bytes at 4 (sm_80, V = 128256)."""
+    return 8 if truncate else 4
+
+
+def truncation_limits(limits: Limits) -> Limits:
+    """Limits with top-k/top-p/min-p: a threshold needs whole rows (kernels/truncation.py), so one slice
+    per row; on GPUs one request per program, as the tree kernel (with 32 requests a program at V = 8 the
+    walk and search state spilled 192 bytes)."""
+    return limits._replace(max_splits=1, max_rows=1 if limits is GPU_LIMITS else None)
 
 
 class LaunchConfig(NamedTuple):
@@ -65,7 +78,8 @@ def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multi
     block_k1 = next_power_of_2(rows_per_request)
     block_v = min(next_power_of_2(vocab_size), CHUNK_SIZE)
     num_chunks = cdiv(vocab_size, CHUNK_SIZE)
-    rows = max(1, min(limits.tile // block_v, limits.decision_tile // block_k1, next_power_of_2(batch_size)))
+    rows = max(1, min(limits.tile // block_v, limits.decision_tile // block_k1, next_power_of_2(batch_size),
+                      limits.max_rows or batch_size))
     row_blocks = cdiv(batch_size, rows)
     # GPU: enough slices for about two programs per SM. Interpreter: as many
     # as the limit allows, so that tests cross slices.
@@ -187,9 +201,8 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     truncate = top_k is not None or top_p is not None or min_p is not None
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
-    # A truncation threshold needs whole rows: one slice per row (kernels/truncation.py).
     config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors,
-                           limits._replace(max_splits=1) if truncate else limits)
+                           truncation_limits(limits) if truncate else limits)
     row_blocks = cdiv(batch_size, config.rows)
     # Logits (or truncation) with one slice per row walk the rows in one wave; logits with several, two waves.
     walk = (logits or truncate) and config.num_splits == 1
@@ -222,7 +235,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_K1=config.block_k1, BLOCK_V=config.block_v, SPLIT_TILE=config.split_tile,
             CHUNK_TILE=config.chunk_tile,
-            num_warps=4, enable_fp_fusion=False,
+            num_warps=num_warps(truncate), enable_fp_fusion=False,
             **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
         )
     return output, num_accepted
