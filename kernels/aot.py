@@ -155,7 +155,7 @@ def chain_verify_variants():
     for (batch, drafts, vocab, dtype, draft, logits, per_request, packed), sampling in shapes:
         # Truncation needs whole rows: the launcher then takes one slice per row.
         config = launch_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS,
-                               truncation_limits(GPU_LIMITS) if sampling else GPU_LIMITS)
+                               truncation_limits(GPU_LIMITS, gpu=True) if sampling else GPU_LIMITS)
         signature = {
             "draft_ids_ptr": "*i64", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
             "num_drafts_ptr": "*i32", "cu_ptr": "*i64", "temperature_ptr": "*fp32",

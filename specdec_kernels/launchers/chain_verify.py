@@ -26,6 +26,7 @@ class Limits(NamedTuple):
     combine_tile: int  # ROWS * BLOCK_K1 * SPLIT_TILE and ROWS * CHUNK_TILE: the finishing program's tiles
     max_splits: int | None  # None: as many as fill the GPU
     max_rows: int | None = None  # requests per program at most (None: as the tiles allow)
+    search_tile: int = 1024  # the truncation search's [ROWS, SEARCH_CANDIDATES, search_block] tile
 
 
 # GPU: 4 warps, 8 elements of the vocabulary tile per thread. One element
@@ -37,7 +38,8 @@ GPU_MAX_REGISTERS = 128
 # Interpreter (CPU): programs run one after another, so tiles are wide and
 # many requests share a program; three slices at most, so tests with a few
 # thousand tokens still cross slices.
-INTERPRETER_LIMITS = Limits(tile=32768, decision_tile=1 << 20, combine_tile=1 << 20, max_splits=3)
+INTERPRETER_LIMITS = Limits(tile=32768, decision_tile=1 << 20, combine_tile=1 << 20, max_splits=3,
+                            search_tile=1 << 20)
 
 
 def num_warps(truncate: bool) -> int:
@@ -45,11 +47,11 @@ def num_warps(truncate: bool) -> int:
     return 8 if truncate else 4
 
 
-def truncation_limits(limits: Limits) -> Limits:
+def truncation_limits(limits: Limits, gpu: bool) -> Limits:
     """Limits with top-k/top-p/min-p: a threshold needs whole rows (kernels/truncation.py), so one slice
     per row; on GPUs one request per program, as the tree kernel (with 32 requests a program at V = 8 the
     walk and search state spilled 192 bytes)."""
-    return limits._replace(max_splits=1, max_rows=1 if limits is GPU_LIMITS else None)
+    return limits._replace(max_splits=1, max_rows=1 if gpu else None)
 
 
 class LaunchConfig(NamedTuple):
@@ -90,7 +92,7 @@ def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multi
     split_tile = max(1, min(next_power_of_2(num_splits), limits.combine_tile // (rows * block_k1)))
     chunk_tile = max(1, min(next_power_of_2(num_chunks), limits.combine_tile // rows))
     max_registers = GPU_MAX_REGISTERS if multiprocessors is not None else None
-    search_block = max(1, min(block_v, limits.tile // (rows * SEARCH_CANDIDATES)))
+    search_block = max(1, min(block_v, limits.search_tile // (rows * SEARCH_CANDIDATES)))
     return LaunchConfig(rows, block_k1, block_v, num_chunks, chunks_per_split, num_splits, split_tile, chunk_tile,
                         max_registers, search_block)
 
@@ -202,7 +204,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
     config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors,
-                           truncation_limits(limits) if truncate else limits)
+                           truncation_limits(limits, multiprocessors is not None) if truncate else limits)
     row_blocks = cdiv(batch_size, config.rows)
     # Logits (or truncation) with one slice per row walk the rows in one wave; logits with several, two waves.
     walk = (logits or truncate) and config.num_splits == 1

@@ -33,6 +33,7 @@ MAX_CHUNK_TILE = 1024
 # a few hundred nodes cross tiles in the tests.
 INTERPRETER_TILE = 32768
 INTERPRETER_MAX_BLOCK_N = 64
+INTERPRETER_SEARCH_TILE = 1 << 20
 
 
 class LaunchConfig(NamedTuple):
@@ -55,8 +56,10 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
     if interpreter:
         block_n = min(block_n, INTERPRETER_MAX_BLOCK_N)
     chunk_tile = max(1, min(next_power_of_2(num_chunks), MAX_CHUNK_TILE // rows))
-    # The search's [rows, candidates, search_block] tile stays within the element budget of the others.
-    search_block = max(1, min(block_v, tile // (rows * SEARCH_CANDIDATES)))
+    # The search's [rows, candidates, search_block] tile: the GPU's budget (the other tiles'), or wide
+    # under the interpreter, where fewer, larger steps are faster.
+    search_tile = TILE if tile <= TILE else INTERPRETER_SEARCH_TILE
+    search_block = max(1, min(block_v, search_tile // (rows * SEARCH_CANDIDATES)))
     return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile, search_block)
 
 
