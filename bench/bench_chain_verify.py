@@ -28,6 +28,14 @@ drafts, so its target is a view of the padded one and the two rows of a
 size time the same work) for a few sizes: the cost of finding the rows from
 ``cu_num_draft_tokens`` on the device. ``plain`` and FlashInfer run padded only.
 
+Sampling parameters: ``sampling=top-k 50, top-p 0.9`` rows run the same
+inputs with ``top_k=50, top_p=0.9`` on every request, beside the untruncated
+rows, for the padded layout (the first size of each batch). Their minimum
+bytes read every target row up to the sampled one in full (a threshold needs
+the whole row). Provider ``sort+<backend>``: PyTorch's sort-based top-k/top-p
+(``plain_verifier.sort_top_k_top_p``) on the target, then that backend's
+untruncated verification of the renormalised probabilities.
+
 Run alone: ``python bench/bench_chain_verify.py [--quick] [--output DIR]``.
 """
 
@@ -39,11 +47,14 @@ import torch
 
 import harness
 import specdec_kernels as sk
-from plain_verifier import plain_chain_verify
+from plain_verifier import SORT_PROVIDERS, plain_chain_verify, sort_top_k_top_p
 
 OP = "chain_verify"
 BATCH_KEY = "B"
-SERIES_KEYS = ("inputs",)
+SERIES_KEYS = ("inputs", "sampling")
+NO_SAMPLING = "none"
+TOP_K_TOP_P = "top-k 50, top-p 0.9"
+TOP_K, TOP_P = 50, 0.9
 INPUTS = ("probs-fp32", "logits-bf16")
 SEED = 1234
 SHARPNESS = 3.0
@@ -76,9 +87,14 @@ def configs(settings: harness.Settings) -> list[dict]:
         sizes = itertools.product((1, 8, 64, 256), (4,), (128256,)) if settings.quick else \
             itertools.product((1, 8, 64, 256), (1, 4, 8), (32000, 128256, 151936))
         packed_sizes = [(b, 4, 128256) for b in (1, 8, 64, 256)]
-    return [dict(B=b, K=k, V=v, inputs=inputs, layout=layout)
-            for layout, layout_sizes in (("padded", list(sizes)), ("packed", packed_sizes))
-            for (b, k, v), inputs in itertools.product(layout_sizes, INPUTS)]
+    sizes = list(sizes)
+    plain = [dict(B=b, K=k, V=v, inputs=inputs, layout=layout, sampling=NO_SAMPLING)
+             for layout, layout_sizes in (("padded", sizes), ("packed", packed_sizes))
+             for (b, k, v), inputs in itertools.product(layout_sizes, INPUTS)]
+    first_per_batch = {b: (b, k, v) for b, k, v in reversed(sizes)}.values()
+    truncated = [dict(B=b, K=k, V=v, inputs=inputs, layout="padded", sampling=TOP_K_TOP_P)
+                 for (b, k, v), inputs in itertools.product(first_per_batch, INPUTS)]
+    return plain + truncated
 
 
 def _flashinfer():
@@ -91,19 +107,23 @@ def _flashinfer():
 
 
 def providers(settings: harness.Settings) -> list[str]:
-    names = harness.backend_providers(OP, settings) + ["plain"]
+    backends = harness.backend_providers(OP, settings)
+    names = backends + ["plain"] + [f"sort+{backend}" for backend in backends]
     if settings.is_cuda and _flashinfer() is not None:
         names.append("flashinfer")
     return names
 
 
 class Case:
-    UNCOMPARED = ("plain", "flashinfer")  # they draw their own random numbers
+    # plain and flashinfer draw their own random numbers; sort+<backend> verifies a differently rounded
+    # truncation (a float32 sum, not the exact integer one)
+    UNCOMPARED = ("plain", "flashinfer", *SORT_PROVIDERS)
 
     def __init__(self, config: dict, settings: harness.Settings):
         self.batch, self.max_drafts, self.vocab = config["B"], config["K"], config["V"]
         self.logits = config["inputs"].startswith("logits")
         self.packed = config.get("layout") == "packed"
+        self.truncated = config.get("sampling", NO_SAMPLING) != NO_SAMPLING
         self.device = settings.device
 
     def make_inputs(self, index: int) -> dict:
@@ -132,7 +152,9 @@ class Case:
         return sum(t.numel() * t.element_size() for t in inputs.values())
 
     def supports(self, provider: str) -> bool:
-        if provider in self.UNCOMPARED and self.packed:
+        if provider.startswith("sort+"):
+            return self.truncated
+        if provider in self.UNCOMPARED and (self.packed or self.truncated):
             return False
         return provider != "flashinfer" or not self.logits  # FlashInfer takes probabilities
 
@@ -141,12 +163,18 @@ class Case:
             return plain_chain_verify(inputs["ids"], inputs["target"], inputs["draft"], logits=self.logits)
         if provider == "flashinfer":
             return _flashinfer().chain_speculative_sampling(inputs["draft"], inputs["ids"], inputs["target"])
+        if provider.startswith("sort+"):
+            target = torch.softmax(inputs["target"].float(), -1) if self.logits else inputs["target"]
+            draft = torch.softmax(inputs["draft"].float(), -1) if self.logits else inputs["draft"]
+            return sk.chain_verify(inputs["ids"], sort_top_k_top_p(target, TOP_K, TOP_P), draft, seed=SEED,
+                                   offset=inputs["offset"], backend=provider.removeprefix("sort+"))
+        truncation = dict(top_k=TOP_K, top_p=TOP_P) if self.truncated else {}
         if self.packed:
             return sk.chain_verify_packed(inputs["ids"], inputs["cu"], inputs["target"], inputs["draft"],
                                           max_num_draft_tokens=self.max_drafts, logits=self.logits, seed=SEED,
-                                          offset=inputs["offset"], backend=provider)
+                                          offset=inputs["offset"], backend=provider, **truncation)
         return sk.chain_verify(inputs["ids"], inputs["target"], inputs["draft"], logits=self.logits, seed=SEED,
-                               offset=inputs["offset"], backend=provider)
+                               offset=inputs["offset"], backend=provider, **truncation)
 
     def same(self, expected, actual) -> bool:
         if not self.logits:
@@ -159,9 +187,10 @@ class Case:
         drafts, vocab = self.max_drafts, self.vocab
         element = inputs["target"].element_size()
         ids_read = torch.clamp(accepted + 1, max=drafts) * inputs["ids"].element_size()
-        if self.logits:
-            rows = (accepted + 1) + torch.clamp(accepted + 1, max=drafts)
-            per_request = ids_read + rows * vocab * element
+        if self.logits or self.truncated:  # a softmax or a threshold reads its whole row
+            draft_rows = torch.clamp(accepted + 1, max=drafts) if self.logits else (accepted < drafts).to(torch.int64)
+            draft_gathers = 0 if self.logits else accepted * element
+            per_request = ids_read + ((accepted + 1) + draft_rows) * vocab * element + draft_gathers
         else:
             rejected = (accepted < drafts).to(torch.int64)
             per_request = ids_read + accepted * 2 * element + (1 + rejected) * vocab * element

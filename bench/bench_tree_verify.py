@@ -32,11 +32,14 @@ import torch
 
 import harness
 import specdec_kernels as sk
+from plain_verifier import SORT_PROVIDERS, sort_top_k_top_p
 
 OP = "tree_verify"
 BATCH_KEY = "B"
-SERIES_KEYS = ("inputs",)
+SERIES_KEYS = ("inputs", "sampling")
 INPUTS = ("probs-fp32", "logits-bf16")
+SAMPLING_MODES = ("none", "top-k 50, top-p 0.9")
+TOP_K, TOP_P = 50, 0.9
 SEED = 4321
 SHARPNESS = 3.0
 DRAFT_NOISE = 0.5
@@ -58,17 +61,27 @@ def configs(settings: harness.Settings) -> list[dict]:
         sizes = itertools.product((1, 8, 64), (32,), (32000,))
     else:
         sizes = itertools.product((1, 8, 64), (8, 32, 64, 256), (32000, 128256))
-    return [dict(B=b, N=n, V=v, inputs=inputs) for (b, n, v), inputs in itertools.product(sizes, INPUTS)]
+    sizes = list(sizes)
+    plain = [dict(B=b, N=n, V=v, inputs=inputs, sampling=SAMPLING_MODES[0])
+             for (b, n, v), inputs in itertools.product(sizes, INPUTS)]
+    first_per_batch = {b: (b, n, v) for b, n, v in reversed(sizes)}.values()
+    truncated = [dict(B=b, N=n, V=v, inputs=inputs, sampling=SAMPLING_MODES[1])
+                 for (b, n, v), inputs in itertools.product(first_per_batch, INPUTS)]
+    return plain + truncated
 
 
 def providers(settings: harness.Settings) -> list[str]:
-    return harness.backend_providers(OP, settings)
+    backends = harness.backend_providers(OP, settings)
+    return backends + [f"sort+{backend}" for backend in backends]
 
 
 class Case:
+    UNCOMPARED = SORT_PROVIDERS  # a differently rounded truncation (a float32 sum, not the exact integer one)
+
     def __init__(self, config: dict, settings: harness.Settings):
         self.batch, self.nodes, self.vocab = config["B"], config["N"], config["V"]
         self.logits = config["inputs"].startswith("logits")
+        self.truncated = config.get("sampling", SAMPLING_MODES[0]) != SAMPLING_MODES[0]
         self.device = settings.device
         self.parent_list = harness.eagle_tree(self.nodes)
         self.children = harness.children_lists(self.parent_list)
@@ -106,10 +119,20 @@ class Case:
     def set_bytes(self, inputs: dict) -> int:
         return sum(t.numel() * t.element_size() for t in inputs.values())
 
+    def supports(self, provider: str) -> bool:
+        return self.truncated or not provider.startswith("sort+")
+
     def call(self, provider: str, inputs: dict):
+        if provider.startswith("sort+"):  # PyTorch's sort-based truncation, then the untruncated op
+            target = torch.softmax(inputs["target"].float(), -1) if self.logits else inputs["target"]
+            draft = torch.softmax(inputs["draft"].float(), -1) if self.logits else inputs["draft"]
+            return sk.tree_verify(inputs["tokens"], inputs["parents"], sort_top_k_top_p(target, TOP_K, TOP_P), draft,
+                                  draft_sampling="without_replacement", seed=SEED, offset=inputs["offset"],
+                                  backend=provider.removeprefix("sort+"))
+        truncation = dict(top_k=TOP_K, top_p=TOP_P) if self.truncated else {}
         return sk.tree_verify(inputs["tokens"], inputs["parents"], inputs["target"], inputs["draft"],
                               logits=self.logits, draft_sampling="without_replacement", seed=SEED,
-                              offset=inputs["offset"], backend=provider)
+                              offset=inputs["offset"], backend=provider, **truncation)
 
     def same(self, expected, actual) -> bool:
         if not self.logits:
@@ -131,6 +154,8 @@ class Case:
                 total += len(tried) * 4  # token ids
                 if self.logits:
                     total += row + (row if tried else 0)
+                elif self.truncated:  # a threshold reads the node's whole target row
+                    total += row + (row if rejections > 0 else len(tried) * element)
                 elif rejections > 0:
                     total += 2 * row
                 elif step == depth:

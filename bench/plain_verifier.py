@@ -33,3 +33,21 @@ def plain_chain_verify(draft_token_ids, target, draft, logits=False):
     output = torch.where(positions < num_accepted.view(-1, 1), torch.nn.functional.pad(ids, (0, 1)), -1)
     output[rows, num_accepted] = emitted
     return output.int(), num_accepted.int()
+
+
+SORT_PROVIDERS = ("sort+reference", "sort+triton", "sort+cuda")  # the benchmarks' sort_top_k_top_p providers
+
+
+def sort_top_k_top_p(probabilities, top_k, top_p):
+    """Top-k then top-p truncation of rows ``[..., V]`` as engines write it in PyTorch: one sort per row.
+
+    The baseline the fused truncation is measured against (the renormalised
+    rows are then verified by one of the package's untruncated backends).
+    """
+    ordered, order = probabilities.float().sort(dim=-1, descending=True)
+    ranks = torch.arange(ordered.shape[-1], device=ordered.device)
+    ordered = torch.where(ranks < top_k, ordered, 0.0)
+    mass_before = ordered.cumsum(-1) - ordered
+    ordered = torch.where(mass_before < top_p * ordered.sum(-1, keepdim=True), ordered, 0.0)
+    truncated = torch.zeros_like(ordered).scatter_(-1, order, ordered)
+    return truncated / truncated.sum(-1, keepdim=True)
