@@ -32,7 +32,7 @@ def make_models(vocab_size: int, seed: int, zero_tokens=(4,)):
 
 
 def generate(target_model, draft_model, *, max_drafts, backend, device, draft_mode="sampled", ragged=True,
-             temperature=None, seed=1234, test_seed=0, verify=None):
+             temperature=None, seed=1234, test_seed=0, verify=None, num_sequences=NUM_SEQUENCES):
     """Run the speculative loop; returns the first ``LENGTH`` tokens of every sequence.
 
     ``draft_mode``: ``"sampled"`` (drafts drawn from the draft chain and its
@@ -43,7 +43,6 @@ def generate(target_model, draft_model, *, max_drafts, backend, device, draft_mo
     """
     verify = verify or sk.chain_verify
     generator = torch.Generator().manual_seed(test_seed)
-    num_sequences = NUM_SEQUENCES
     prev = torch.full((num_sequences,), START_TOKEN, dtype=torch.int64)
     tokens = torch.full((num_sequences, LENGTH), -1, dtype=torch.int64)
     produced = torch.zeros(num_sequences, dtype=torch.int64)
