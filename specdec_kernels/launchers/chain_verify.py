@@ -80,8 +80,9 @@ def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multi
     block_k1 = next_power_of_2(rows_per_request)
     block_v = min(next_power_of_2(vocab_size), CHUNK_SIZE)
     num_chunks = cdiv(vocab_size, CHUNK_SIZE)
-    rows = max(1, min(limits.tile // block_v, limits.decision_tile // block_k1, next_power_of_2(batch_size),
-                      limits.max_rows or batch_size))
+    rows = max(1, min(limits.tile // block_v, limits.decision_tile // block_k1, next_power_of_2(batch_size)))
+    if limits.max_rows is not None:
+        rows = min(rows, limits.max_rows)
     row_blocks = cdiv(batch_size, rows)
     # GPU: enough slices for about two programs per SM. Interpreter: as many
     # as the limit allows, so that tests cross slices.
