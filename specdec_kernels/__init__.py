@@ -3,9 +3,11 @@
 ``import specdec_kernels as sk``; the ops are ``sk.chain_verify``,
 ``sk.chain_verify_packed``, ``sk.tree_verify``, ``sk.build_tree``,
 ``sk.tree_attention`` and ``sk.compact_kv`` (contract: docs/ and the
-README), also registered as ``torch.ops.specdec.<name>``.
+README), also registered as ``torch.ops.specdec.<name>``. Engines' own
+layouts: ``sk.adapters`` (``sk.adapters.sglang.eagle_tree_verify``).
 """
 
+from . import adapters
 from ._extension import cuda_extension_available
 from .ops.build_tree import TreeInfo, build_tree
 from .ops.chain_verify import chain_verify
@@ -20,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "TreeInfo",
+    "adapters",
     "build_tree",
     "chain_verify",
     "chain_verify_packed",
