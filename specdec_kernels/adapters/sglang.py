@@ -147,6 +147,9 @@ def eagle_tree_verify(
     for name, value in (("retrive_index", retrive_index), ("retrive_next_token", retrive_next_token),
                         ("retrive_next_sibling", retrive_next_sibling)):
         check.tensor(name, value, (batch_size, tree_size), _validation.TOKEN_DTYPES, "[B, N]")
+    # tree_verify checks these too, but would name `candidates` `tree_token_ids`.
+    check.tensor("target", target, (batch_size, tree_size, None), _validation.FLOAT_DTYPES, "[B, N, V]")
+    check.optional_tensor("draft", draft, target.shape, _validation.FLOAT_DTYPES, "[B, N, V]")
     if spec_steps is None:
         spec_steps = max(tree_size - 1, 0)
     else:

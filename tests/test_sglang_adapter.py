@@ -1,0 +1,317 @@
+"""sk.adapters.sglang: SGLang's EAGLE tree layout in, SGLang's outputs out.
+
+The trees are written in SGLang's layout by a builder of their own below
+(children pushed onto the head of their parent's list from the last slot to
+the first, as SGLang's tree builder does), and the expected outputs come
+from plain Python loops: ``sk.tree_verify`` called directly and converted by
+hand, and, for greedy requests, SGLang's greedy walk over the links restated
+from its kernel (``verify_tree_greedy``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+from conftest import backend_or_skip
+from specdec_kernels.adapters import sglang
+
+BACKENDS = ["reference", "triton", "cuda"]
+DRAFT_MODES = ["with_replacement", "without_replacement", None]  # None: draft=None (SGLang's target-only case)
+
+
+# ----------------------------------------------------------------------------- SGLang's layout, built independently
+
+
+def eagle_parents(generator, level_sizes):
+    """An EAGLE-like tree as a parents list: nodes by level, each parent drawn from the level above.
+
+    Slots are in level order (a parent's slot precedes its children's) and a
+    parent's children need not be next to each other, as in SGLang's trees,
+    whose slots follow the draft beam's indices.
+    """
+    parents, level = [-1], [0]
+    for size in level_sizes:
+        first = len(parents)
+        parents += [level[int(torch.randint(len(level), (1,), generator=generator))] for _ in range(size)]
+        level = list(range(first, first + size))
+    return parents
+
+
+def sglang_layout(parents_per_request, dtype=torch.int64, retrive_index=None):
+    """``(retrive_index, retrive_next_token, retrive_next_sibling)`` of a batch of parents lists."""
+    batch_size, tree_size = len(parents_per_request), len(parents_per_request[0])
+    next_token = [[-1] * tree_size for _ in range(batch_size)]
+    next_sibling = [[-1] * tree_size for _ in range(batch_size)]
+    for b, parents in enumerate(parents_per_request):
+        for node in range(tree_size - 1, 0, -1):
+            parent = parents[node]
+            next_sibling[b][node] = next_token[b][parent]
+            next_token[b][parent] = node
+    if retrive_index is None:
+        retrive_index = [[b * tree_size + i for i in range(tree_size)] for b in range(batch_size)]
+    return tuple(torch.tensor(t, dtype=dtype) for t in (retrive_index, next_token, next_sibling))
+
+
+def depths(parents):
+    result = [0]
+    for node in range(1, len(parents)):
+        result.append(result[parents[node]] + 1)
+    return result
+
+
+def by_hand(accepted_nodes, output_token_ids, num_accepted, retrive_index, spec_steps):
+    """``tree_verify``'s outputs in SGLang's form, one request and one path node at a time."""
+    batch_size, tree_size = accepted_nodes.shape
+    predicts = [-1] * (batch_size * tree_size)
+    accept_index = [[-1] * (spec_steps + 1) for _ in range(batch_size)]
+    for b in range(batch_size):
+        for j in range(int(num_accepted[b]) + 1):
+            row = int(retrive_index[b, int(accepted_nodes[b, j])])
+            accept_index[b][j] = row
+            predicts[row] = int(output_token_ids[b, j])
+    return torch.tensor(predicts, dtype=torch.int32), torch.tensor(accept_index, dtype=torch.int32), num_accepted
+
+
+def sglang_greedy_walk(candidates, retrive_index, next_token, next_sibling, target_argmax, spec_steps):
+    """SGLang's greedy rule on its own layout: follow the first child in list order equal to the argmax."""
+    batch_size, tree_size = candidates.shape
+    predicts = {}
+    accept_index = [[-1] * (spec_steps + 1) for _ in range(batch_size)]
+    accept_token_num = []
+    for b in range(batch_size):
+        node, accepted = 0, 0
+        accept_index[b][0] = int(retrive_index[b, 0])
+        while accepted < spec_steps:
+            child = int(next_token[b, node])
+            while child != -1 and int(candidates[b, child]) != int(target_argmax[b, node]):
+                child = int(next_sibling[b, child])
+            if child == -1:
+                break
+            predicts[int(retrive_index[b, node])] = int(candidates[b, child])
+            node, accepted = child, accepted + 1
+            accept_index[b][accepted] = int(retrive_index[b, node])
+        predicts[int(retrive_index[b, node])] = int(target_argmax[b, node])
+        accept_token_num.append(accepted)
+    return predicts, torch.tensor(accept_index, dtype=torch.int32), torch.tensor(accept_token_num, dtype=torch.int32)
+
+
+def random_batch(generator, batch_size, level_sizes, vocab_size, *, shuffle_rows=False, greedy_fraction=0.3):
+    """Trees, tokens, distributions and temperatures for one batch."""
+    parents = [eagle_parents(generator, level_sizes) for _ in range(batch_size)]
+    tree_size = len(parents[0])
+    retrive_index = None
+    if shuffle_rows:  # the adapter must use the rows it is given, not b * N + i
+        retrive_index = torch.randperm(batch_size * tree_size, generator=generator).view(batch_size, -1).tolist()
+    layout = sglang_layout(parents, retrive_index=retrive_index)
+    # Few tokens, so siblings often repeat one and the target often agrees with the draft.
+    candidates = torch.randint(0, min(vocab_size, 4), (batch_size, tree_size), generator=generator)
+    target = torch.softmax(2 * torch.randn(batch_size, tree_size, vocab_size, generator=generator), -1)
+    draft = torch.softmax(torch.randn(batch_size, tree_size, vocab_size, generator=generator), -1)
+    greedy = torch.rand(batch_size, generator=generator) < greedy_fraction
+    temperature = torch.where(greedy, 0.0, 1.0).to(torch.float32)
+    return parents, candidates, layout, target, draft, temperature
+
+
+# ----------------------------------------------------------------------------- (a) the conversion
+
+
+@pytest.mark.parametrize("level_sizes", [[], [1], [4, 3, 2], [3, 8, 8, 8], [1, 1, 1, 1, 1, 1], [20, 12]])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_parents_from_links_recovers_the_builders_parents(level_sizes, dtype):
+    generator = torch.Generator().manual_seed(len(level_sizes) * 100 + sum(level_sizes))
+    parents = [eagle_parents(generator, level_sizes) for _ in range(5)]
+    _, next_token, next_sibling = sglang_layout(parents, dtype)
+    converted = sglang.parents_from_links(next_token, next_sibling)
+    assert converted.dtype == torch.int32
+    assert converted.tolist() == parents
+
+
+def test_parents_from_links_on_a_long_sibling_list():
+    # 40 children of the root: the pointer doubling needs all its rounds.
+    parents = [[-1] + [0] * 40 + list(range(1, 9))]
+    _, next_token, next_sibling = sglang_layout(parents)
+    assert sglang.parents_from_links(next_token, next_sibling).tolist() == parents
+
+
+def test_parents_from_links_gives_unlinked_nodes_no_parent():
+    next_token = torch.tensor([[1, -1, -1, 0]])  # slot 2 is linked from nowhere; a link to the root is none
+    next_sibling = torch.tensor([[-1, 3, -1, 7]])  # 7 is past the tree
+    assert sglang.parents_from_links(next_token, next_sibling).tolist() == [[-1, 0, -1, 0]]
+
+
+# ----------------------------------------------------------------------------- (b) against tree_verify called directly
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+@pytest.mark.parametrize("level_sizes, spec_steps", [([3, 4, 2], None), ([2, 3, 3, 1], 2), ([5], 3)])
+def test_adapter_equals_tree_verify_converted_by_hand(backend, draft_mode, level_sizes, spec_steps, device):
+    backend_or_skip("tree_verify", backend)
+    generator = torch.Generator().manual_seed(sum(level_sizes) * 7 + len(level_sizes))
+    batch_size, vocab_size = 5, 11
+    parents, candidates, layout, target, draft, temperature = random_batch(
+        generator, batch_size, level_sizes, vocab_size, shuffle_rows=True)
+    tree_size = len(parents[0])
+    draft = None if draft_mode is None else draft
+    sampling = draft_mode or "without_replacement"
+    steps = tree_size - 1 if spec_steps is None else spec_steps
+    # Nodes deeper than spec_steps are left out of the direct call's tree.
+    direct_parents = [[p if d <= steps else -1 for p, d in zip(tree, depths(tree))] for tree in parents]
+    candidates, target, temperature = candidates.to(device), target.to(device), temperature.to(device)
+    draft = None if draft is None else draft.to(device)
+    layout = tuple(t.to(device) for t in layout)
+
+    direct = sk.tree_verify(candidates, torch.tensor(direct_parents, dtype=torch.int32, device=device), target,
+                            draft, temperature=temperature, draft_sampling=sampling, seed=123, offset=4,
+                            backend=backend)
+    expected = by_hand(*(t.cpu() for t in direct), layout[0].cpu(), steps)
+    result = sglang.eagle_tree_verify(candidates, *layout, target, draft, spec_steps=spec_steps,
+                                      temperature=temperature, draft_sampling=sampling, seed=123, offset=4,
+                                      backend=backend)
+    for got, want in zip(result, expected):
+        assert got.dtype == torch.int32
+        assert torch.equal(got.cpu(), want)
+    assert int(result[2].max()) <= steps
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampling_parameters_and_bonus_ids_pass_through(backend, device):
+    backend_or_skip("tree_verify", backend)
+    generator = torch.Generator().manual_seed(5)
+    parents, candidates, layout, target, _, temperature = random_batch(generator, 3, [2, 2], 9)
+    tree = torch.tensor(parents, dtype=torch.int32)
+    options = dict(temperature=temperature, seed=9, top_k=torch.tensor([0, 3, 2]), top_p=0.8, min_p=0.1,
+                   bonus_token_ids=torch.tensor([7, 8, 6]), backend=backend)
+    direct = sk.tree_verify(candidates.to(device), tree.to(device), target.to(device),
+                            **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in options.items()})
+    expected = by_hand(*(t.cpu() for t in direct), layout[0], tree.shape[1] - 1)
+    result = sglang.eagle_tree_verify(candidates.to(device), *(t.to(device) for t in layout), target.to(device),
+                                      **{k: v.to(device) if isinstance(v, torch.Tensor) else v
+                                         for k, v in options.items()})
+    for got, want in zip(result, expected):
+        assert torch.equal(got.cpu(), want)
+
+
+# ----------------------------------------------------------------------------- (c) SGLang's semantics
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_hand_made_tree_gives_sglangs_outputs(temperature, device):
+    """Root 5; slots 1, 2 (tokens 1, 2) its children; slot 3 (token 3) a child of slot 1; slot 4 (token 4)
+    a child of slot 2. The target is one-hot: after the root 2, after slot 2 token 4, after slot 4 token 9.
+
+    SGLang's kernels try slot 1 (rejected: the target gives it no mass), then slot 2 (accepted): predicts
+    at the root's row is 2. From slot 2 its child slot 4 is accepted: predicts at slot 2's row is 4. Slot 4
+    is a leaf, so the target's token 9 is written at its row. accept_index lists the rows of slots 0, 2, 4;
+    accept_token_num counts the two accepted drafts. Request 1 is the same tree with rows shifted by N = 5.
+    """
+    candidates = torch.tensor([[5, 1, 2, 3, 4]] * 2, device=device)
+    layout = tuple(t.to(device) for t in sglang_layout([[-1, 0, 0, 1, 2]] * 2))
+    assert layout[1][0].tolist() == [1, 3, 4, -1, -1] and layout[2][0].tolist() == [-1, 2, -1, -1, -1]
+    target = torch.nn.functional.one_hot(torch.tensor([[2, 0, 4, 0, 9]] * 2), 10).float().to(device)
+    predicts, accept_index, accept_token_num = sglang.eagle_tree_verify(
+        candidates, *layout, target, spec_steps=3, temperature=temperature, seed=1)
+    assert predicts.tolist() == [2, -1, 4, -1, 9, 2, -1, 4, -1, 9]
+    assert accept_index.tolist() == [[0, 2, 4, -1], [5, 7, 9, -1]]
+    assert accept_token_num.tolist() == [2, 2]
+
+    # With spec_steps = 1 SGLang stops after one acceptance and samples the target after slot 2: token 4.
+    predicts, accept_index, accept_token_num = sglang.eagle_tree_verify(
+        candidates, *layout, target, spec_steps=1, temperature=temperature, seed=1)
+    assert predicts.tolist() == [2, -1, 4, -1, -1, 2, -1, 4, -1, -1]
+    assert accept_index.tolist() == [[0, 2], [5, 7]]
+    assert accept_token_num.tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("level_sizes, spec_steps", [([4, 6, 5], 3), ([3, 3, 3, 3], 2), ([1], 5)])
+def test_greedy_equals_sglangs_greedy_walk(backend, level_sizes, spec_steps, device):
+    backend_or_skip("tree_verify", backend)
+    generator = torch.Generator().manual_seed(sum(level_sizes) + spec_steps)
+    batch_size, vocab_size = 6, 5
+    parents, candidates, layout, target, _, _ = random_batch(generator, batch_size, level_sizes, vocab_size,
+                                                             shuffle_rows=True)
+    expected_predicts, expected_index, expected_num = sglang_greedy_walk(
+        candidates, *layout, target.argmax(-1), spec_steps)
+    predicts, accept_index, accept_token_num = sglang.eagle_tree_verify(
+        candidates.to(device), *(t.to(device) for t in layout), target.to(device), spec_steps=spec_steps,
+        temperature=0.0, backend=backend)
+    assert torch.equal(accept_index.cpu(), expected_index)
+    assert torch.equal(accept_token_num.cpu(), expected_num)
+    assert {row: int(predicts[row]) for row in expected_predicts} == expected_predicts
+    assert int((predicts != -1).sum()) == len(expected_predicts)  # other rows -1
+
+
+# ----------------------------------------------------------------------------- errors and malformed layouts
+
+
+def test_shape_and_type_errors_name_the_argument():
+    layout = sglang_layout([[-1, 0, 0]])
+    candidates, target = torch.tensor([[1, 2, 3]]), torch.rand(1, 3, 4)
+    with pytest.raises(ValueError, match=re.escape("`retrive_next_sibling` must have shape [B, N] = [1, 3]")):
+        sglang.eagle_tree_verify(candidates, *layout[:2], layout[2][:, :2], target)
+    with pytest.raises(TypeError, match="`retrive_index` must have dtype int32 or int64"):
+        sglang.eagle_tree_verify(candidates, layout[0].float(), *layout[1:], target)
+    with pytest.raises(ValueError, match="`spec_steps` must be an int >= 0; got -1"):
+        sglang.eagle_tree_verify(candidates, *layout, target, spec_steps=-1)
+    with pytest.raises(TypeError, match="`spec_steps` must be an int >= 0; got float"):
+        sglang.eagle_tree_verify(candidates, *layout, target, spec_steps=2.0)
+    with pytest.raises(ValueError, match=re.escape("`target` must have shape [B, N, V] = [1, 3, *]")):
+        sglang.eagle_tree_verify(candidates, *layout, torch.rand(1, 4, 4))
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda t: t[1].__setitem__((0, 1), 1), "`retrive_next_token` must hold -1 or a later slot"),
+    (lambda t: t[2].__setitem__((0, 0), 3), "`retrive_next_sibling` must be -1 at the root"),
+    (lambda t: t[2].__setitem__((0, 2), 3), "request 0 node 3 is linked from 2"),
+    (lambda t: t[1].__setitem__((0, 1), -1), "request 0 node 3 is linked from 0"),
+    (lambda t: t[0].__setitem__((0, 2), 1), "`retrive_index` must not repeat a row"),
+    (lambda t: t[0].__setitem__((0, 2), 4), re.escape("`retrive_index` must lie in [0, B * N) = [0, 4)")),
+])
+def test_validate_names_what_breaks_the_layout(edit, pattern):
+    layout = sglang_layout([[-1, 0, 0, 1]])
+    edit(layout)
+    with pytest.raises(ValueError, match=pattern):
+        sglang.eagle_tree_verify(torch.tensor([[1, 2, 3, 3]]), *layout, torch.rand(1, 4, 4), validate=True)
+
+
+def test_validate_rejects_a_tree_deeper_than_spec_steps_and_accepts_a_valid_one():
+    layout = sglang_layout([[-1, 0, 1, 2]])
+    candidates, target = torch.tensor([[1, 2, 3, 3]]), torch.rand(1, 4, 4)
+    sglang.eagle_tree_verify(candidates, *layout, target, spec_steps=3, validate=True)
+    with pytest.raises(ValueError, match="deeper than `spec_steps` = 2: request 0 node 3 is at depth 3"):
+        sglang.eagle_tree_verify(candidates, *layout, target, spec_steps=2, validate=True)
+
+
+def test_malformed_layout_has_the_documented_outcome():
+    """Without validate: a node reached by a link to an earlier slot is ignored, rows outside [0, B*N) are
+    left out of predicts."""
+    candidates = torch.tensor([[5, 1, 2]])
+    retrive_index = torch.tensor([[0, 99, 2]])
+    next_token = torch.tensor([[2, -1, 1]])  # slot 1 is a child of slot 2: not in topological order
+    next_sibling = torch.tensor([[-1, -1, -1]])
+    target = torch.nn.functional.one_hot(torch.tensor([[2, 3, 1]]), 4).float()
+    predicts, accept_index, accept_token_num = sglang.eagle_tree_verify(
+        candidates, retrive_index, next_token, next_sibling, target, temperature=0.0)
+    # Slot 2 accepted; its child slot 1 (parent 2 > 1) is never tried, so the target's 1 is emitted there.
+    assert predicts.tolist() == [2, -1, 1] and accept_index.tolist() == [[0, 2, -1]]
+    assert accept_token_num.tolist() == [1]
+    retrive_index = torch.tensor([[0, 1, 99]])
+    predicts, accept_index, _ = sglang.eagle_tree_verify(
+        candidates, retrive_index, next_token, next_sibling, target, temperature=0.0)
+    assert predicts.tolist() == [2, -1, -1] and accept_index.tolist() == [[0, 99, -1]]
+
+
+def test_docstring_example():
+    candidates = torch.tensor([[5, 1, 2, 3]])
+    retrive_index = torch.arange(4).view(1, 4)
+    next_token = torch.tensor([[1, 3, -1, -1]])
+    next_sibling = torch.tensor([[-1, 2, -1, -1]])
+    target = torch.nn.functional.one_hot(torch.tensor([[2, 3, 6, 0]]), 8).float()
+    result = sk.adapters.sglang.eagle_tree_verify(candidates, retrive_index, next_token, next_sibling, target,
+                                                  spec_steps=2, temperature=0.0)
+    assert [t.tolist() for t in result] == [[2, -1, 6, -1], [[0, 2, -1]], [1]]
