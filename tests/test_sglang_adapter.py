@@ -246,6 +246,32 @@ def test_greedy_equals_sglangs_greedy_walk(backend, level_sizes, spec_steps, dev
     assert int((predicts != -1).sum()) == len(expected_predicts)  # other rows -1
 
 
+def test_no_host_read():
+    """On meta tensors (shapes without values, which every op's fake implementation takes) any read of a
+    value on the host raises, so this runs through only if the adapter never reads one."""
+    generator = torch.Generator().manual_seed(3)
+    _, candidates, layout, target, _, temperature = random_batch(generator, 4, [3, 3, 3], 7)
+    meta = [t.to("meta") for t in (candidates, *layout, target)]
+    predicts, accept_index, accept_token_num = sglang.eagle_tree_verify(
+        *meta, spec_steps=2, temperature=temperature.to("meta"), seed=8, backend="reference")
+    assert predicts.shape == (40,) and accept_index.shape == (4, 3) and accept_token_num.shape == (4,)
+
+
+def test_traces_into_one_graph(device):
+    generator = torch.Generator().manual_seed(3)
+    _, candidates, layout, target, _, temperature = random_batch(generator, 4, [3, 3, 3], 7)
+    inputs = [t.to(device) for t in (candidates, *layout, target)]
+
+    def step(*inputs, offset):
+        return sglang.eagle_tree_verify(*inputs, spec_steps=2, temperature=temperature.to(device), seed=8,
+                                        offset=offset, backend="reference")
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    for offset in range(3):
+        for got, want in zip(compiled(*inputs, offset=offset), step(*inputs, offset=offset)):
+            assert torch.equal(got, want)
+
+
 # ----------------------------------------------------------------------------- errors and malformed layouts
 
 
@@ -306,7 +332,8 @@ def test_malformed_layout_has_the_documented_outcome():
     assert predicts.tolist() == [2, -1, -1] and accept_index.tolist() == [[0, 99, -1]]
 
 
-def test_docstring_example():
+def test_the_documented_example():
+    """The example of the docstring and of docs/layouts.md."""
     candidates = torch.tensor([[5, 1, 2, 3]])
     retrive_index = torch.arange(4).view(1, 4)
     next_token = torch.tensor([[1, 3, -1, -1]])
