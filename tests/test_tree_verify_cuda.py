@@ -431,6 +431,41 @@ def test_host_program_sampling_parameters_large_vocabulary():
 
 
 @needs_op
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_host_program_truncated_residual_rows_are_the_reference(draft_mode):
+    """The workspace row after three rejections at the root is the residual of the *truncated* root row,
+    bit for bit: a threshold or reciprocal off by anything shows here, where tokens would rarely differ.
+    One request per parameter mix; ties (quantised rows) at top-k's and top-p's thresholds."""
+    from specdec_kernels.reference import _truncation
+
+    batch_size, vocab_size = 7, 2100
+    ids, parents, target, draft = rejected_root_case(batch_size, vocab_size, seed=12)
+    target[4:, 0] = torch.round(target[4:, 0] * 500) / 500
+    target[torch.arange(batch_size).view(-1, 1), 0, ids[:, 1:]] = 0.0  # every child rejected: p(t) = 0
+    #                        k   p     min_p  (neutral: 0, 1, 0)
+    parameters = torch.tensor([[5, 1.0, 0.0], [0, 0.9, 0.0], [0, 1.0, 0.05], [40, 0.8, 0.01], [0, 0.0, 0.0],
+                               [50, 0.95, 0.0], [0, 0.5, 0.2]])
+    top_k, top_p, min_p = parameters[:, 0].to(torch.int64), parameters[:, 1].contiguous(), parameters[:, 2].contiguous()
+    draft = None if draft_mode is None else draft
+    words = cuda_workspace_specs(batch_size, vocab_size)["tree_verify_cuda.workspace"][0]
+    workspace = torch.full((words,), -1, dtype=torch.int64)
+    outputs = (torch.zeros(batch_size, 4, dtype=torch.int32), torch.zeros(batch_size, 4, dtype=torch.int32),
+               torch.zeros(batch_size, dtype=torch.int32))
+    sampling = draft_mode or "without_replacement"
+    torch.ops.specdec_C.tree_verify(ids, parents, target, draft, None, None, False, sampling, None, 1, None, 2,
+                                    workspace, *outputs, top_k, top_p, min_p, None)
+    case = dict(tree_token_ids=ids, parents=parents, target=target, draft=draft, num_nodes=None, temperature=None,
+                logits=False, draft_sampling=sampling, top_k=top_k, top_p=top_p, min_p=min_p)
+    assert_same(outputs, run_reference(case, 1, 2), "outputs")
+    truncated = _truncation.truncate(target, top_k, top_p, min_p)
+    assert bool(((truncated[:, 0] == 0).sum(-1) > (target[:, 0] == 0).sum(-1)).all()), "every request drops tokens"
+    p, _ = rows_after_rejections(ids, truncated, draft, draft_mode, (1, 2, 3))
+    slot_words = 2 * 5  # 3 chunks: 9 words, rounded up to 10
+    rows = workspace.view(batch_size, slot_words + vocab_size)[:, slot_words:].contiguous().view(torch.float32)
+    assert torch.equal(rows[:, :vocab_size], p)
+
+
+@needs_op
 def test_host_program_sampling_parameters_change_the_outcome():
     """The parameters reach the kernel: top_k = 1 emits each final row's argmax, as greedy decoding would."""
     case = make_case(6, 5, 111, seed=35, greedy_fraction=0.0, invalid_fraction=0.0, ragged=False)
@@ -607,6 +642,20 @@ def test_kernel_logits_agree(draft_mode):
         rates.append(agreement(run_cuda(case, 3, index), run_reference(case, 3, index)))
     print(f"CUDA logits agreement with the reference (draft={draft_mode}): {rates}")
     assert min(rates) >= 0.9 and sum(rates) / len(rates) >= 0.95
+
+
+@needs_gpu
+@pytest.mark.parametrize("vocab_size", [111, 32000, 128256])
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_kernel_sampling_parameters_match_reference_bitwise(vocab_size, draft_mode):
+    for index, parameters in enumerate(PARAMETER_SETS):
+        case = make_case(8, 16, vocab_size, seed=vocab_size + index, draft_mode=draft_mode, device="cuda",
+                         bushy=index % 2 == 0)
+        if index % 3 == 2:
+            case = quantised(case)
+        case = with_parameters(case, PARAMETER_SETS[parameters], seed=index)
+        seed, offset = random_state(RANDOM_STATES[index % len(RANDOM_STATES)], 8, "cuda", step=index)
+        check_case(case, seed, offset, f"{parameters} V={vocab_size} draft={draft_mode}", runner=run_cuda)
 
 
 @needs_gpu

@@ -7,7 +7,10 @@
 //
 // A threshold is "the largest tau whose measure m(tau) reaches a goal",
 // m(tau) the count (top-k) or the fixed-point mass (top-p) of the tokens
-// with key >= max(tau, floor). m does not increase with tau, so tau is
+// with key >= tau. The reference measures top-p's mass within the top-k set
+// (key >= max(tau, tau_k)); that is the same for tau >= tau_k, and the
+// answer is >= tau_k because m(tau_k) = S reaches top_p * S, so the search
+// needs no floor. m does not increase with tau, so tau is
 // found from the top bit of the 31-bit keys down, 8 bits per pass (bits
 // 30-23, 22-15, 14-7, 6-0): one pass over the row adds every token whose
 // key extends the bits found so far into a 256-bin histogram in shared
@@ -146,13 +149,14 @@ struct LargerDigit {
   }
 };
 
-// The largest tau with m(max(tau, floor)) >= goal (see the top of the file):
-// m counts tokens (by_mass false) or sums their weights. The goal must hold
-// at tau = 0 (it does for every caller: k < V tokens; top_p * S <= S), so
-// the digit 0 always reaches it and a digit is always chosen.
+// The largest tau with m(tau) >= goal (see the top of the file): m counts
+// tokens (by_mass false) or sums their weights. The digit 0 always reaches
+// the goal (k < V tokens; top_p * S <= S) except for a NaN goal (top_p =
+// -inf with S = 0, whose truncated row has no mass whatever the threshold):
+// then 0 is taken, as the Triton kernels do.
 template <int kWidth, class Block, class Load>
 SPECDEC_HOST_DEVICE int32_t largest_key(const Block& block, TruncationHistogram* histogram, int64_t vocab_size,
-                                        const Load& load, int32_t floor, double goal, bool by_mass) {
+                                        const Load& load, double goal, bool by_mass) {
   uint32_t found = 0;
   SplitTotal above = {0, 0};  // the measure of the tokens whose bits above the pass's exceed found's
   for (int top = kKeyBits; top > 0; top -= kRadixBits) {
@@ -166,7 +170,7 @@ SPECDEC_HOST_DEVICE int32_t largest_key(const Block& block, TruncationHistogram*
     block.sync();
     for_each_token<kWidth>(block, vocab_size, load, [&](int32_t key, uint64_t weight) {
       const uint32_t bits = static_cast<uint32_t>(key);
-      if (key < floor || (bits >> top) != (found >> top)) return;
+      if ((bits >> top) != (found >> top)) return;
       const uint32_t digit = (bits >> shift) & static_cast<uint32_t>(num_digits - 1);
       const uint64_t measure = by_mass ? weight : 1;
       if (measure >> 31) block_atomic_add(&histogram->high31[digit], measure >> 31);
@@ -192,8 +196,10 @@ SPECDEC_HOST_DEVICE int32_t largest_key(const Block& block, TruncationHistogram*
       carry = AddSplitTotals()(carry, group_total);
     }
     choice = block.block_all_reduce(choice, LargerDigit());
-    found |= static_cast<uint32_t>(choice.digit) << shift;
-    above = choice.above;
+    if (choice.digit >= 0) {
+      found |= static_cast<uint32_t>(choice.digit) << shift;
+      above = choice.above;
+    }
   }
   return static_cast<int32_t>(found);
 }
@@ -217,7 +223,7 @@ SPECDEC_HOST_DEVICE Truncation row_truncation(const Block& block, TruncationHist
 
   int32_t threshold = 0;
   if (parameters.k_on) {
-    threshold = truncation_detail::largest_key<kWidth>(block, histogram, vocab_size, load, 0,
+    threshold = truncation_detail::largest_key<kWidth>(block, histogram, vocab_size, load,
                                                        static_cast<double>(parameters.top_k), false);
   }
   if (parameters.p_on) {
@@ -229,7 +235,7 @@ SPECDEC_HOST_DEVICE Truncation row_truncation(const Block& block, TruncationHist
     const double goal = static_cast<double>(parameters.top_p) * total;
 #endif
     const int32_t threshold_p =
-        truncation_detail::largest_key<kWidth>(block, histogram, vocab_size, load, threshold, goal, true);
+        truncation_detail::largest_key<kWidth>(block, histogram, vocab_size, load, goal, true);
     // A goal of 0 is reached by every tau: keep the largest probability and its ties.
     const int32_t capped = threshold_p < max_key ? threshold_p : static_cast<int32_t>(max_key);
     threshold = capped > threshold ? capped : threshold;
