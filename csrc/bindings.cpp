@@ -747,6 +747,10 @@ struct TreeVerifyTensors {
   const at::Tensor& accepted_nodes;
   const at::Tensor& output_token_ids;
   const at::Tensor& num_accepted;
+  const std::optional<at::Tensor>& top_k;
+  const std::optional<at::Tensor>& top_p;
+  const std::optional<at::Tensor>& min_p;
+  const std::optional<at::Tensor>& bonus_token_ids;
 };
 
 void check_tree_verify_args(const TreeVerifyTensors& t) {
@@ -788,6 +792,15 @@ void check_tree_verify_args(const TreeVerifyTensors& t) {
   check_batch_vector(t.num_nodes, op, "num_nodes", at::kInt, batch_size, t.target);
   check_batch_vector(t.temperature, op, "temperature", at::kFloat, batch_size, t.target);
   check_random_state(t.seed, t.offset, op, batch_size, t.target);
+  for (const auto& [tensor, name] : {std::pair{&t.top_k, "top_k"}, std::pair{&t.bonus_token_ids, "bonus_token_ids"}}) {
+    if (!tensor->has_value()) continue;
+    check_index_tensor(**tensor, op, name, 1, "[B]");
+    TORCH_CHECK_VALUE((*tensor)->size(0) == batch_size, "specdec_C::tree_verify: `", name, "` must have shape [B] = [",
+                      batch_size, "], got ", (*tensor)->sizes());
+    check_same_device(**tensor, op, name, t.target, "target");
+  }
+  check_batch_vector(t.top_p, op, "top_p", at::kFloat, batch_size, t.target);
+  check_batch_vector(t.min_p, op, "min_p", at::kFloat, batch_size, t.target);
 
   const int64_t words = tree_verify_workspace_words(batch_size, vocab_size);
   check_dtype(t.workspace, op, "workspace", at::kLong);
@@ -804,7 +817,7 @@ void check_tree_verify_args(const TreeVerifyTensors& t) {
 // Keeps the converted / contiguous inputs alive as long as the args point into them.
 struct TreeVerifyInputs {
   at::Tensor target;
-  std::optional<at::Tensor> draft, num_nodes, temperature, seed, offset;
+  std::optional<at::Tensor> draft, num_nodes, temperature, seed, offset, top_k, top_p, min_p, bonus_token_ids;
   TreeVerifyArgs args;
 };
 
@@ -816,6 +829,10 @@ TreeVerifyInputs prepare_tree_verify(const TreeVerifyTensors& t, bool logits, in
   inputs.temperature = contiguous_or_none(t.temperature);
   inputs.seed = contiguous_or_none(t.seed);
   inputs.offset = contiguous_or_none(t.offset);
+  inputs.top_k = contiguous_or_none(t.top_k);
+  inputs.top_p = contiguous_or_none(t.top_p);
+  inputs.min_p = contiguous_or_none(t.min_p);
+  inputs.bonus_token_ids = contiguous_or_none(t.bonus_token_ids);
 
   TreeVerifyArgs& args = inputs.args;
   args.tree_token_ids = t.tree_token_ids.data_ptr();
@@ -838,6 +855,10 @@ TreeVerifyInputs prepare_tree_verify(const TreeVerifyTensors& t, bool logits, in
   if (inputs.temperature.has_value()) args.temperature = inputs.temperature->data_ptr<float>();
   args.logits = logits;
   args.without_replacement = t.draft_sampling == "without_replacement";
+  if (inputs.top_k.has_value()) args.top_k = index_tensor(*inputs.top_k);
+  if (inputs.top_p.has_value()) args.top_p = inputs.top_p->data_ptr<float>();
+  if (inputs.min_p.has_value()) args.min_p = inputs.min_p->data_ptr<float>();
+  if (inputs.bonus_token_ids.has_value()) args.bonus_token_ids = index_tensor(*inputs.bonus_token_ids);
   args.rng = rng_args_of(inputs.seed, seed_value, inputs.offset, offset_value);
   args.accepted_nodes = t.accepted_nodes.data_ptr<int32_t>();
   args.accepted_stride_b = t.accepted_nodes.stride(0);
@@ -857,7 +878,9 @@ void tree_verify_meta(const at::Tensor& tree_token_ids, const at::Tensor& parent
                       const std::optional<at::Tensor>& seed, int64_t seed_value,
                       const std::optional<at::Tensor>& offset, int64_t offset_value, const at::Tensor& workspace,
                       const at::Tensor& accepted_nodes, const at::Tensor& output_token_ids,
-                      const at::Tensor& num_accepted) {
+                      const at::Tensor& num_accepted, const std::optional<at::Tensor>& top_k,
+                      const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
+                      const std::optional<at::Tensor>& bonus_token_ids) {
   // Under dynamic shapes only dtypes and ranks are known; sizes are checked
   // by the real kernels.
   for (const at::Tensor* tensor : {&tree_token_ids, &parents, &target, &workspace, &accepted_nodes,
@@ -869,7 +892,8 @@ void tree_verify_meta(const at::Tensor& tree_token_ids, const at::Tensor& parent
     }
   }
   check_tree_verify_args({tree_token_ids, parents, target, draft, num_nodes, temperature, draft_sampling, seed, offset,
-                          workspace, accepted_nodes, output_token_ids, num_accepted});
+                          workspace, accepted_nodes, output_token_ids, num_accepted, top_k, top_p, min_p,
+                          bonus_token_ids});
 }
 
 void tree_verify_cpu(const at::Tensor& tree_token_ids, const at::Tensor& parents, const at::Tensor& target,
@@ -878,10 +902,13 @@ void tree_verify_cpu(const at::Tensor& tree_token_ids, const at::Tensor& parents
                      const std::optional<at::Tensor>& seed, int64_t seed_value,
                      const std::optional<at::Tensor>& offset, int64_t offset_value, const at::Tensor& workspace,
                      const at::Tensor& accepted_nodes, const at::Tensor& output_token_ids,
-                     const at::Tensor& num_accepted) {
+                     const at::Tensor& num_accepted, const std::optional<at::Tensor>& top_k,
+                     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
+                     const std::optional<at::Tensor>& bonus_token_ids) {
   const TreeVerifyTensors tensors = {tree_token_ids, parents,  target,         draft,          num_nodes,
                                      temperature,    draft_sampling, seed,     offset,         workspace,
-                                     accepted_nodes, output_token_ids, num_accepted};
+                                     accepted_nodes, output_token_ids, num_accepted, top_k, top_p, min_p,
+                                     bonus_token_ids};
   check_tree_verify_args(tensors);
   tree_verify_host(prepare_tree_verify(tensors, logits, seed_value, offset_value).args);
 }
@@ -892,10 +919,13 @@ void tree_verify_cuda(const at::Tensor& tree_token_ids, const at::Tensor& parent
                       const std::optional<at::Tensor>& seed, int64_t seed_value,
                       const std::optional<at::Tensor>& offset, int64_t offset_value, const at::Tensor& workspace,
                       const at::Tensor& accepted_nodes, const at::Tensor& output_token_ids,
-                      const at::Tensor& num_accepted) {
+                      const at::Tensor& num_accepted, const std::optional<at::Tensor>& top_k,
+                      const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
+                      const std::optional<at::Tensor>& bonus_token_ids) {
   const TreeVerifyTensors tensors = {tree_token_ids, parents,  target,         draft,          num_nodes,
                                      temperature,    draft_sampling, seed,     offset,         workspace,
-                                     accepted_nodes, output_token_ids, num_accepted};
+                                     accepted_nodes, output_token_ids, num_accepted, top_k, top_p, min_p,
+                                     bonus_token_ids};
   check_tree_verify_args(tensors);
   const c10::DeviceGuard device_guard(target.device());
   const TreeVerifyInputs inputs = prepare_tree_verify(tensors, logits, seed_value, offset_value);
@@ -956,12 +986,15 @@ TORCH_LIBRARY(specdec_C, m) {
   // accepted_nodes and output_token_ids int32 [B, N] and num_accepted int32
   // [B]. Arguments as specdec::tree_verify, with seed/offset as in
   // rng_fill; `workspace` int64 [M], M >= B * (2 * ceil(3 * ceil(V / 1024)
-  // / 2) + 4 * ceil(V / 4)), contents need not be initialised.
+  // / 2) + 4 * ceil(V / 4)), contents need not be initialised. The sampling
+  // parameters, each [B] or None: top_k and bonus_token_ids int32/int64,
+  // top_p and min_p float32.
   m.def(
       "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft, Tensor? num_nodes, "
       "Tensor? temperature, bool logits, str draft_sampling, Tensor? seed, int seed_value, Tensor? offset, "
       "int offset_value, Tensor(a!) workspace, Tensor(b!) accepted_nodes, Tensor(c!) output_token_ids, "
-      "Tensor(d!) num_accepted) -> ()");
+      "Tensor(d!) num_accepted, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
+      "Tensor? bonus_token_ids=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, CPU, m) {

@@ -28,8 +28,10 @@ void tree_verify_host(const TreeVerifyArgs& args) {
   dispatch_storage_types(args.prob_dtype, args.token_dtype, [&](auto prob, auto token) {
     using Prob = decltype(prob);
     using Token = decltype(token);
-    run_host_blocks(args.batch_size, [&args](const SimtHostBlock& block, int64_t request) {
-      tree_verify_detail::tree_verify_block<SimtHostBlock, Prob, Token>(block, args, request);
+    // The emulated block's shared memory: blocks run one after another.
+    TruncationHistogram histogram;
+    run_host_blocks(args.batch_size, [&args, &histogram](const SimtHostBlock& block, int64_t request) {
+      tree_verify_detail::tree_verify_block<SimtHostBlock, Prob, Token>(block, args, request, &histogram);
     });
   });
 }

@@ -14,13 +14,17 @@ import threading
 import torch
 
 TOKEN_DTYPES = (torch.int32, torch.int64)
-# What the CUDA verify kernels do not implement yet (backend="auto" then takes Triton).
+# The sampling parameters (v1.2) and the ops whose CUDA kernel takes them; the
+# others' CUDA kernels do not yet (backend="auto" then takes Triton for them).
 SAMPLING_PARAMETERS_TEXT = "top_k/top_p/min_p/bonus_token_ids"
+CUDA_SAMPLING_PARAMETER_OPS = frozenset({"tree_verify"})
 
 
-def cuda_lacks(sampling_parameters) -> str | None:
-    """What of this call the CUDA kernels lack (``_backend.resolve``'s ``cuda_lacks``), or None."""
-    return SAMPLING_PARAMETERS_TEXT if any(value is not None for value in sampling_parameters) else None
+def cuda_lacks(op_name: str, sampling_parameters) -> str | None:
+    """What of this call ``op_name``'s CUDA kernel lacks (``_backend.resolve``'s ``cuda_lacks``), or None."""
+    if op_name in CUDA_SAMPLING_PARAMETER_OPS or all(value is None for value in sampling_parameters):
+        return None
+    return SAMPLING_PARAMETERS_TEXT
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -79,10 +79,18 @@ def aligned_case(batch_size, tree_size, vocab_size, *, seed, draft_mode="without
                 draft_sampling=draft_mode or "without_replacement")
 
 
+SAMPLING_PARAMETERS = ("top_k", "top_p", "min_p", "bonus_token_ids")
+
+
+def sampling_parameters(case):
+    """The case's top_k / top_p / min_p / bonus_token_ids (None where it has none)."""
+    return tuple(case.get(name) for name in SAMPLING_PARAMETERS)
+
+
 def run_reference(case, seed, offset):
     return reference.tree_verify(case["tree_token_ids"], case["parents"], case["target"], case["draft"],
                                  case["num_nodes"], case["temperature"], case["logits"], case["draft_sampling"],
-                                 seed, offset)
+                                 seed, offset, *sampling_parameters(case))
 
 
 def run_op(case, seed, offset, workspace_words=None):
@@ -101,7 +109,7 @@ def run_op(case, seed, offset, workspace_words=None):
     torch.ops.specdec_C.tree_verify(
         case["tree_token_ids"], case["parents"], target, case["draft"], case["num_nodes"], case["temperature"],
         case["logits"], case["draft_sampling"], seed_tensor, seed_value, offset_tensor, offset_value, workspace,
-        accepted_nodes, output, num_accepted,
+        accepted_nodes, output, num_accepted, *sampling_parameters(case),
     )
     return accepted_nodes, output, num_accepted
 
@@ -109,7 +117,8 @@ def run_op(case, seed, offset, workspace_words=None):
 def run_cuda(case, seed, offset):
     return sk.tree_verify(case["tree_token_ids"], case["parents"], case["target"], case["draft"],
                           num_nodes=case["num_nodes"], temperature=case["temperature"], logits=case["logits"],
-                          draft_sampling=case["draft_sampling"], seed=seed, offset=offset, backend="cuda")
+                          draft_sampling=case["draft_sampling"], seed=seed, offset=offset, backend="cuda",
+                          **{name: case[name] for name in SAMPLING_PARAMETERS if case.get(name) is not None})
 
 
 def assert_same(actual, expected, what):
@@ -160,6 +169,21 @@ def test_cuda_backend_is_registered_for_the_public_op():
 
     assert _backend.resolve("tree_verify", "cuda", torch.device("cuda")) == "cuda"
     assert _backend.resolve("tree_verify", "auto", torch.device("cuda")) == "cuda"
+
+
+@pytest.mark.skipif(not cuda_extension_available(), reason=f"CUDA extension not built: {extension_error()}")
+def test_auto_picks_cuda_for_trees_with_sampling_parameters():
+    """The tree kernel takes top_k/top_p/min_p/bonus ids; the chain kernels do not yet, so auto passes over them."""
+    from specdec_kernels import _backend, _validation
+
+    parameters = (torch.ones(1, dtype=torch.int32), None, None, None)
+    cuda = torch.device("cuda")
+    assert _validation.cuda_lacks("tree_verify", parameters) is None
+    assert _backend.resolve("tree_verify", "auto", cuda, cuda_lacks=_validation.cuda_lacks("tree_verify", parameters)) == "cuda"
+    for op_name in ("chain_verify", "chain_verify_packed"):
+        lacks = _validation.cuda_lacks(op_name, parameters)
+        assert lacks is not None and _validation.cuda_lacks(op_name, (None,) * 4) is None
+        assert _backend.resolve(op_name, "auto", cuda, cuda_lacks=lacks) != "cuda"
 
 
 # ---------------------------------------------------------------------------
@@ -333,6 +357,149 @@ def test_host_program_residual_rows_are_the_reference_normaliser(draft_mode):
         assert torch.equal(rows[:, row_floats:row_floats + vocab_size], q)
 
 
+# ---------------------------------------------------------------------------
+# top_k / top_p / min_p and bonus_token_ids, the block program on the host.
+
+PARAMETER_SETS = {
+    "top_k": ("top_k",),
+    "top_p": ("top_p",),
+    "min_p": ("min_p",),
+    "all": ("top_k", "top_p", "min_p"),
+    "bonus": ("bonus_token_ids",),
+    "all+bonus": ("top_k", "top_p", "min_p", "bonus_token_ids"),
+}
+
+
+def with_parameters(case, names, seed):
+    """``case`` with per-request values of the parameters ``names``, off values and extremes mixed in:
+    top_k in {0 (off), 1, 2, 5, 40, V - 1, V (off)}, top_p in {1 (off), 0 (the largest and its ties), 0.3, 0.9,
+    0.999, NaN (off)}, min_p in {0 (off), 0.05, 0.5, 1}; int32 or int64 top_k and bonus ids by the seed's parity."""
+    generator = torch.Generator().manual_seed(seed)
+    batch_size, _, vocab_size = case["target"].shape
+    index_dtype = torch.int64 if seed % 2 else torch.int32
+
+    def pick(values, dtype):
+        return torch.tensor(values, dtype=dtype)[torch.randint(0, len(values), (batch_size,), generator=generator)]
+
+    values = {
+        "top_k": lambda: pick([0, 1, 2, 5, 40, vocab_size - 1, vocab_size], index_dtype),
+        "top_p": lambda: pick([1.0, 0.0, 0.3, 0.9, 0.999, float("nan")], torch.float32),
+        "min_p": lambda: pick([0.0, 0.05, 0.5, 1.0], torch.float32),
+        "bonus_token_ids": lambda: torch.randint(0, vocab_size, (batch_size,), generator=generator, dtype=index_dtype),
+    }
+    device = case["target"].device
+    return {**case, **{name: values[name]().to(device) for name in names}}
+
+
+def quantised(case, levels=20):
+    """The target rounded to multiples of 1 / levels: many ties at every threshold."""
+    return {**case, "target": torch.round(case["target"] * levels) / levels}
+
+
+@needs_op
+@pytest.mark.parametrize("parameters", list(PARAMETER_SETS))
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_host_program_sampling_parameters_match_reference_bitwise(draft_mode, parameters):
+    """Greedy requests mixed in, ragged trees, invalid ids, zero entries; V = 111 (one chunk) and 2100 (three,
+    the last partial); quantised rows (ties); long accepted paths (aligned drafts); every seed/offset form."""
+    cases = [
+        make_case(9, 10, 111, seed=31, draft_mode=draft_mode, bushy=True),
+        make_case(6, 9, 2100, seed=32, draft_mode=draft_mode),
+        quantised(make_case(7, 8, 300, seed=33, draft_mode=draft_mode, zero_fraction=0.0, bushy=True)),
+        aligned_case(4, 12, 2100, seed=34, draft_mode=draft_mode, bushy=True),
+    ]
+    for index, (case, state) in enumerate(zip(cases, RANDOM_STATES)):
+        case = with_parameters(case, PARAMETER_SETS[parameters], seed=40 + index)
+        seed, offset = random_state(state, case["target"].shape[0], "cpu", step=index)
+        check_case(case, seed, offset, f"{parameters} case {index} draft={draft_mode} state={state}")
+
+
+@needs_op
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_host_program_sampling_parameters_on_degenerate_rows(draft_mode):
+    """NaN, negative, above-1 and all-zero rows: keys and weights of the cleaned values, as the reference."""
+    case = with_parameters(degenerate_case(300, draft_mode), PARAMETER_SETS["all+bonus"], seed=5)
+    for offset in range(3):
+        assert_same(run_op(case, 4, offset), run_reference(case, 4, offset), f"offset {offset}")
+
+
+@needs_op
+def test_host_program_sampling_parameters_large_vocabulary():
+    """V = 128256: the radix search's digits spread over many chunks."""
+    case = with_parameters(aligned_case(2, 8, 128256, seed=8, bushy=True), PARAMETER_SETS["all"], seed=9)
+    check_case(case, *random_state("per-request-seed", 2, "cpu"), "V=128256")
+
+
+@needs_op
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_host_program_truncated_residual_rows_are_the_reference(draft_mode):
+    """The workspace row after three rejections at the root is the residual of the *truncated* root row,
+    bit for bit: a threshold or reciprocal off by anything shows here, where tokens would rarely differ.
+    One request per parameter mix; ties (quantised rows) at top-k's and top-p's thresholds."""
+    from specdec_kernels.reference import _truncation
+
+    batch_size, vocab_size = 7, 2100
+    ids, parents, target, draft = rejected_root_case(batch_size, vocab_size, seed=12)
+    target[4:, 0] = torch.round(target[4:, 0] * 500) / 500
+    target[torch.arange(batch_size).view(-1, 1), 0, ids[:, 1:]] = 0.0  # every child rejected: p(t) = 0
+    #                        k   p     min_p  (neutral: 0, 1, 0)
+    parameters = torch.tensor([[5, 1.0, 0.0], [0, 0.9, 0.0], [0, 1.0, 0.05], [40, 0.8, 0.01], [0, 0.0, 0.0],
+                               [50, 0.95, 0.0], [0, 0.5, 0.2]])
+    top_k, top_p, min_p = parameters[:, 0].to(torch.int64), parameters[:, 1].contiguous(), parameters[:, 2].contiguous()
+    draft = None if draft_mode is None else draft
+    words = cuda_workspace_specs(batch_size, vocab_size)["tree_verify_cuda.workspace"][0]
+    workspace = torch.full((words,), -1, dtype=torch.int64)
+    outputs = (torch.zeros(batch_size, 4, dtype=torch.int32), torch.zeros(batch_size, 4, dtype=torch.int32),
+               torch.zeros(batch_size, dtype=torch.int32))
+    sampling = draft_mode or "without_replacement"
+    torch.ops.specdec_C.tree_verify(ids, parents, target, draft, None, None, False, sampling, None, 1, None, 2,
+                                    workspace, *outputs, top_k, top_p, min_p, None)
+    case = dict(tree_token_ids=ids, parents=parents, target=target, draft=draft, num_nodes=None, temperature=None,
+                logits=False, draft_sampling=sampling, top_k=top_k, top_p=top_p, min_p=min_p)
+    assert_same(outputs, run_reference(case, 1, 2), "outputs")
+    truncated = _truncation.truncate(target, top_k, top_p, min_p)
+    assert bool(((truncated[:, 0] == 0).sum(-1) > (target[:, 0] == 0).sum(-1)).all()), "every request drops tokens"
+    p, _ = rows_after_rejections(ids, truncated, draft, draft_mode, (1, 2, 3))
+    slot_words = 2 * 5  # 3 chunks: 9 words, rounded up to 10
+    rows = workspace.view(batch_size, slot_words + vocab_size)[:, slot_words:].contiguous().view(torch.float32)
+    assert torch.equal(rows[:, :vocab_size], p)
+
+
+@needs_op
+def test_host_program_sampling_parameters_change_the_outcome():
+    """The parameters reach the kernel: top_k = 1 emits each final row's argmax, as greedy decoding would."""
+    case = make_case(6, 5, 111, seed=35, greedy_fraction=0.0, invalid_fraction=0.0, ragged=False)
+    case = {**case, "tree_token_ids": torch.full_like(case["tree_token_ids"], -1)}  # no child: the root is final
+    case["top_k"] = torch.ones(6, dtype=torch.int32)
+    _, output, _ = run_op(case, 1, 0)
+    assert torch.equal(output[:, 0], case["target"][:, 0].argmax(-1).to(torch.int32))
+
+
+@needs_op
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_host_program_sampling_parameters_logits_agree(draft_mode):
+    rates = []
+    for index, (vocab_size, bushy) in enumerate([(7, True), (111, False), (2100, True)]):
+        case = make_case(16, 8, vocab_size, seed=90 + index, draft_mode=draft_mode, logits=True, bushy=bushy)
+        case = with_parameters(case, PARAMETER_SETS["all+bonus"], seed=index)
+        rates.append(agreement(run_op(case, 3, index), run_reference(case, 3, index)))
+    print(f"host logits agreement with the reference, sampling parameters on (draft={draft_mode}): {rates}")
+    # As test_host_program_logits_agree: the softmax rounds differently from torch's, so a token within an
+    # ulp of a threshold or an acceptance test may go the other way.
+    assert min(rates) >= 0.9 and sum(rates) / len(rates) >= 0.95
+
+
+@needs_op
+def test_rejects_bad_sampling_parameters():
+    arguments = list(_arguments())
+    with pytest.raises(TypeError, match="`top_k` must be Int or Long"):
+        torch.ops.specdec_C.tree_verify(*arguments, torch.ones(2))
+    with pytest.raises(ValueError, match=r"`bonus_token_ids` must have shape \[B\] = \[2\]"):
+        torch.ops.specdec_C.tree_verify(*arguments, None, None, None, torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="`top_p` must be Float"):
+        torch.ops.specdec_C.tree_verify(*arguments, None, torch.ones(2, dtype=torch.float64))
+
+
 @needs_op
 def test_launcher_takes_int64_parents():
     """The CUDA launcher narrows int64 parents for the kernel; on CPU tensors it runs the host program."""
@@ -475,6 +642,20 @@ def test_kernel_logits_agree(draft_mode):
         rates.append(agreement(run_cuda(case, 3, index), run_reference(case, 3, index)))
     print(f"CUDA logits agreement with the reference (draft={draft_mode}): {rates}")
     assert min(rates) >= 0.9 and sum(rates) / len(rates) >= 0.95
+
+
+@needs_gpu
+@pytest.mark.parametrize("vocab_size", [111, 32000, 128256])
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_kernel_sampling_parameters_match_reference_bitwise(vocab_size, draft_mode):
+    for index, parameters in enumerate(PARAMETER_SETS):
+        case = make_case(8, 16, vocab_size, seed=vocab_size + index, draft_mode=draft_mode, device="cuda",
+                         bushy=index % 2 == 0)
+        if index % 3 == 2:
+            case = quantised(case)
+        case = with_parameters(case, PARAMETER_SETS[parameters], seed=index)
+        seed, offset = random_state(RANDOM_STATES[index % len(RANDOM_STATES)], 8, "cuda", step=index)
+        check_case(case, seed, offset, f"{parameters} V={vocab_size} draft={draft_mode}", runner=run_cuda)
 
 
 @needs_gpu

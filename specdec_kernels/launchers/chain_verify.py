@@ -288,7 +288,7 @@ def _cuda_outputs_and_workspace(batch_size, max_drafts, vocab_size, logits, devi
 
 
 def refuse_sampling_parameters(sampling_parameters):
-    """The CUDA kernels have no top_k/top_p/min_p/bonus ids yet (the public ops resolve past them)."""
+    """The CUDA chain kernels have no top_k/top_p/min_p/bonus ids yet (the public ops resolve past them)."""
     if any(value is not None for value in sampling_parameters):
         raise RuntimeError("the CUDA kernel does not implement top_k/top_p/min_p/bonus_token_ids yet; "
                            "use backend='triton' or 'auto'")

@@ -10,7 +10,7 @@ import torch
 
 from .. import _workspace
 from ._shapes import cdiv, next_power_of_2, unit_last_stride
-from .chain_verify import CHUNK_SIZE, SEARCH_CANDIDATES, refuse_sampling_parameters, split_words
+from .chain_verify import CHUNK_SIZE, SEARCH_CANDIDATES, split_words
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
 # is one sampler chunk (or the whole vocabulary below one), the node tile
@@ -159,8 +159,8 @@ def cuda_workspace_specs(batch_size: int, vocab_size: int) -> dict[str, tuple[in
 
 
 def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
-                     seed_tensor, seed, offset_tensor, offset, *sampling_parameters):
-    refuse_sampling_parameters(sampling_parameters)
+                     seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
+                     bonus_token_ids=None):
     batch_size, _, vocab_size = target.shape
     device = target.device
     accepted_nodes, output, num_accepted = allocate_outputs(target)
@@ -174,5 +174,6 @@ def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperat
     torch.ops.specdec_C.tree_verify(
         tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
         seed_tensor, seed, offset_tensor, offset, workspace, accepted_nodes, output, num_accepted,
+        top_k, top_p, min_p, bonus_token_ids,
     )
     return accepted_nodes, output, num_accepted

@@ -12,6 +12,7 @@
 #include "specdec/common.cuh"
 #include "specdec/rng.cuh"
 #include "specdec/sampling.cuh"
+#include "specdec/truncation.cuh"
 
 namespace specdec {
 
@@ -103,6 +104,7 @@ struct SampleRow {
   bool logits;
   float temperature;
   SoftmaxStats target_stats, draft_stats;  // logits only
+  Truncation target_truncation;            // of the target row (top-k/top-p/min-p), off when zeroed
 };
 
 // values[first, first + kPerThread) as floats, 0 past the vocabulary. On the
@@ -169,6 +171,7 @@ SPECDEC_HOST_DEVICE void sample_slice(const Block& block, const SampleRow<Prob>&
         const bool inside = first + j < vocab_size;
         float target_prob = p[j];
         if (row.logits) target_prob = inside ? softmax_prob(p[j], row.target_stats, row.temperature) : 0.0f;
+        target_prob = truncated_probability(target_prob, row.target_truncation);
         if (kWays == 2) {
           float draft_prob = q[j];
           if (row.draft == nullptr) {

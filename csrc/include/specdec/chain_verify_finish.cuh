@@ -289,6 +289,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   row.temperature = request.temperature;
   row.target_stats = decision.stats.target;
   row.draft_stats = decision.stats.draft;
+  row.target_truncation = no_truncation();  // top-k/top-p/min-p: not in the chain kernel yet
   if (subtract) {
     sample_slice<2>(block, row, key, args.vocab_size, chunk_lo, chunk_hi, chunk_slots);
   } else {

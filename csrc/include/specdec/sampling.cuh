@@ -93,17 +93,26 @@ struct AddSplitTotals {
 
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool has_mass(SplitTotal total) { return (total.high31 | total.low31) != 0; }
 
+// float64(S) = float64(high31) * 2**31 + float64(low31), each step rounded
+// to nearest as the reference's exact_float64 (the halves are exact in
+// float64 for V < 2**22, so then only the sum is rounded).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE double split_total_float64(SplitTotal total) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(__dmul_rn(__ll2double_rn(static_cast<long long>(total.high31)), 0x1p31),
+                   __ll2double_rn(static_cast<long long>(total.low31)));
+#else
+  return static_cast<double>(static_cast<int64_t>(total.high31)) * 0x1p31 +
+         static_cast<double>(static_cast<int64_t>(total.low31));
+#endif
+}
+
 // 1 / float32(float64(S)); 1 when S == 0 (then every W_v is 0). Both halves
 // are below 2**63 (W_v <= 2**52, V <= 2**30).
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float total_reciprocal(SplitTotal total) {
 #if defined(__CUDA_ARCH__)
-  const double sum = __dadd_rn(__dmul_rn(__ll2double_rn(static_cast<long long>(total.high31)), 0x1p31),
-                               __ll2double_rn(static_cast<long long>(total.low31)));
-  const float rounded = __double2float_rn(sum);
+  const float rounded = __double2float_rn(split_total_float64(total));
 #else
-  const double sum = static_cast<double>(static_cast<int64_t>(total.high31)) * 0x1p31 +
-                     static_cast<double>(static_cast<int64_t>(total.low31));
-  const float rounded = static_cast<float>(sum);
+  const float rounded = static_cast<float>(split_total_float64(total));
 #endif
   return fdiv_rn(1.0f, rounded > 0.0f ? rounded : 1.0f);
 }

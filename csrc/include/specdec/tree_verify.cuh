@@ -33,6 +33,17 @@
 // position = the final node, each chunk's total and candidate kept in the
 // workspace until the 128-bit chunk choice.
 //
+// Top-k, top-p and min-p (requests with a parameter on, not greedy): every
+// target row p is replaced by its truncation (reference _truncation.py)
+// before anything reads it. The block finds the threshold and reciprocal of
+// the current node's input row once, before its first acceptance test (or
+// the final sample), by a radix search in shared memory (truncation.cuh);
+// each read of the input row then maps p to float32(W * r) if kept, else 0:
+// the acceptance gathers, the rejection passes and the final sample. The
+// workspace rows are normalised from truncated values, so they are read as
+// they are. With bonus_token_ids, a request whose final node had no child
+// tried and rejected emits its bonus id and reads no row for it.
+//
 // Logits: p = softmax(x / T) from the row's statistics (max and sum,
 // gathered online by the block the first time the node needs them), so
 // tokens may differ from the reference's near a tie; probabilities are exact.
@@ -62,8 +73,10 @@
 #include "specdec/block.cuh"
 #include "specdec/block_rows.cuh"
 #include "specdec/common.cuh"
+#include "specdec/index.cuh"
 #include "specdec/rng.cuh"
 #include "specdec/sampling.cuh"
+#include "specdec/truncation.cuh"
 
 namespace specdec {
 
@@ -84,6 +97,10 @@ struct TreeVerifyArgs {
   const float* temperature = nullptr;  // [B] or nullptr: 1
   bool logits = false;
   bool without_replacement = true;  // draft_sampling (with a draft only)
+  IndexTensor top_k;                // [B] int32/int64, or data nullptr: off
+  const float* top_p = nullptr;     // [B] or nullptr: off
+  const float* min_p = nullptr;     // [B] or nullptr: off
+  IndexTensor bonus_token_ids;      // [B] int32/int64, or data nullptr: always sample
   RngArgs rng;
   int32_t* accepted_nodes = nullptr;  // [B, N]
   int64_t accepted_stride_b = 0;
@@ -169,11 +186,12 @@ struct Row {
   const Prob* input;  // nullptr: the row is `normalised`
   float* normalised;  // the request's workspace row
   SoftmaxStats stats;  // of `input`, logits only
+  Truncation truncation;  // of `input` (top-k/top-p/min-p), off until found
 
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float at(int64_t index, bool logits, float temperature) const {
     if (input == nullptr) return normalised[index];
     const float x = to_float(input[index]);
-    return logits ? softmax_prob(x, stats, temperature) : x;
+    return truncated_probability(logits ? softmax_prob(x, stats, temperature) : x, truncation);
   }
 
   // Entries [first, first + kSpan), 0 past the vocabulary.
@@ -184,9 +202,12 @@ struct Row {
       return;
     }
     load_span(input, first, vocab_size, out);
-    if (!logits) return;
+    if (logits) {
+      SPECDEC_UNROLL
+      for (int j = 0; j < kSpan; ++j) out[j] = first + j < vocab_size ? softmax_prob(out[j], stats, temperature) : 0.0f;
+    }
     SPECDEC_UNROLL
-    for (int j = 0; j < kSpan; ++j) out[j] = first + j < vocab_size ? softmax_prob(out[j], stats, temperature) : 0.0f;
+    for (int j = 0; j < kSpan; ++j) out[j] = truncated_probability(out[j], truncation);
   }
 };
 
@@ -295,6 +316,7 @@ SPECDEC_HOST_DEVICE int64_t sample_target(const Block& block, const Walk<Prob>& 
     row.logits = walk.logits;
     row.temperature = walk.temperature;
     row.target_stats = walk.target.stats;
+    row.target_truncation = walk.target.truncation;
     sample_slice<1>(block, row, key, walk.vocab_size, 0, num_chunks, slots);
   } else {
     SampleRow<float> row = {};
@@ -306,9 +328,26 @@ SPECDEC_HOST_DEVICE int64_t sample_target(const Block& block, const Walk<Prob>& 
   return finish_sampled(block, slots, num_chunks, false, key, position);
 }
 
-// One block: request `b`'s walk and outputs.
+// The truncation of the current node's input target row (its statistics
+// ready, for logits), every thread gets it.
+template <class Block, class Prob>
+SPECDEC_HOST_DEVICE Truncation target_truncation(const Block& block, TruncationHistogram* histogram,
+                                                 const TreeVerifyArgs& args, int64_t b, const Walk<Prob>& walk) {
+  Row<Prob> row = walk.target;
+  row.truncation = no_truncation();  // the search reads the row as given
+  const TruncationParameters parameters =
+      load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, walk.vocab_size);
+  return row_truncation<kSpan>(block, histogram, parameters, walk.vocab_size,
+                               [&](int64_t first, float (&out)[kSpan]) {
+                                 row.span(first, walk.vocab_size, walk.logits, walk.temperature, out);
+                               });
+}
+
+// One block: request `b`'s walk and outputs. `histogram` is the block's
+// shared memory for the truncation search.
 template <class Block, class Prob, class Token>
-SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyArgs& args, int64_t b) {
+SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyArgs& args, int64_t b,
+                                           TruncationHistogram* histogram) {
   const int64_t max_nodes = args.max_nodes;
   const int64_t vocab_size = args.vocab_size;
   Tree<Token> tree;
@@ -330,14 +369,17 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   float* residual_row = reinterpret_cast<float*>(request_words + tree_verify_slot_words(vocab_size));
 
   Walk<Prob> walk;
-  walk.target = {target, residual_row, empty_stats()};
-  walk.draft = {draft, residual_row + tree_verify_row_floats(vocab_size), empty_stats()};
+  walk.target = {target, residual_row, empty_stats(), no_truncation()};
+  walk.draft = {draft, residual_row + tree_verify_row_floats(vocab_size), empty_stats(), no_truncation()};
   walk.has_draft = draft != nullptr;
   walk.remove_drawn = draft != nullptr && args.without_replacement;
   walk.logits = args.logits;
   walk.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
   walk.vocab_size = vocab_size;
   const RequestKey key = load_request_key(args.rng, b);
+  // Greedy requests ignore the parameters (the argmax is always kept).
+  const bool truncating =
+      !greedy && load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, vocab_size).any();
 
   int32_t* accepted_row = args.accepted_nodes + b * args.accepted_stride_b;
   int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
@@ -347,6 +389,8 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   int64_t depth = 0;
   int64_t choice = -2;           // greedy: the current node's argmax once known (-2: not yet)
   bool stats_ready = false;      // logits: statistics of the current node's input rows
+  bool truncation_ready = false;  // truncating: walk.target.truncation is the current node's
+  bool rejected_here = false;     // a child of the current node was tried and rejected
   for (int64_t after = 0;;) {
     const int64_t child = next_child(block, tree, current, after);
     if (child < 0) break;
@@ -364,12 +408,17 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
         walk.draft.stats = stats.draft;
         stats_ready = true;
       }
+      if (truncating && !truncation_ready) {
+        walk.target.truncation = target_truncation(block, histogram, args, b, walk);
+        truncation_ready = true;
+      }
       const float target_prob = walk.target.at(token, walk.logits, walk.temperature);
       const float draft_prob = walk.draft_at(token, token);
       const float uniform = uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(child), 0u).w0);
       accepted = accept(uniform, draft_prob, target_prob);
       if (!accepted) reject(block, walk, token);
     }
+    rejected_here = !accepted;
     if (!accepted) continue;
     ++depth;
     if (block.thread() == 0) {
@@ -381,10 +430,14 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
     walk.draft.input = draft == nullptr ? nullptr : draft + child * args.draft_stride_n;
     choice = -2;
     stats_ready = false;
+    walk.target.truncation = no_truncation();
+    truncation_ready = false;
   }
 
   int64_t emitted;
-  if (greedy) {
+  if (args.bonus_token_ids.data != nullptr && !rejected_here) {
+    emitted = args.bonus_token_ids[b];  // the path ends at a leaf: the engine's token, no row read
+  } else if (greedy) {
     emitted = choice != -2 ? choice : greedy_choice(block, target + current * args.target_stride_n, vocab_size,
                                                     args.logits);
   } else {
@@ -392,6 +445,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
       walk.target.stats = slice_stats(block, walk.target.input, static_cast<const Prob*>(nullptr), 0, vocab_size,
                                       walk.temperature).target;
     }
+    if (truncating && !truncation_ready) walk.target.truncation = target_truncation(block, histogram, args, b, walk);
     emitted = sample_target(block, walk, key, static_cast<uint32_t>(current), slots);
   }
   if (block.thread() == 0) {
@@ -410,8 +464,9 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
 template <class Prob, class Token>
 __global__ void __launch_bounds__(DeviceBlock::kThreads, 2) tree_verify_kernel(const TreeVerifyArgs args) {
   __shared__ DeviceBlock::Shared shared;
+  __shared__ TruncationHistogram histogram;
   const DeviceBlock block = {&shared};
-  tree_verify_block<DeviceBlock, Prob, Token>(block, args, static_cast<int64_t>(blockIdx.x));
+  tree_verify_block<DeviceBlock, Prob, Token>(block, args, static_cast<int64_t>(blockIdx.x), &histogram);
 }
 #endif  // __CUDACC__
 

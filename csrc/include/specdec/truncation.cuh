@@ -1,0 +1,252 @@
+// Top-k, top-p and min-p truncation of a target row, as block collectives:
+// the CUDA twin of kernels/truncation.py. The definition is
+// specdec_kernels/reference/_truncation.py (its docstring holds the rule): a
+// token is kept iff its key (the bit pattern of its cleaned float32
+// probability, which orders like the value) is at least every active
+// threshold, and the kept row is renormalised with an exact integer total.
+//
+// A threshold is "the largest tau whose measure m(tau) reaches a goal",
+// m(tau) the count (top-k) or the fixed-point mass (top-p) of the tokens
+// with key >= tau. The reference measures top-p's mass within the top-k set
+// (key >= max(tau, tau_k)); that is the same for tau >= tau_k, and the
+// answer is >= tau_k because m(tau_k) = S reaches top_p * S, so the search
+// needs no floor. m does not increase with tau, so tau is
+// found from the top bit of the 31-bit keys down, 8 bits per pass (bits
+// 30-23, 22-15, 14-7, 6-0): one pass over the row adds every token whose
+// key extends the bits found so far into a 256-bin histogram in shared
+// memory (integer atomics: the same sums in any order), then a block scan
+// from the top bin finds the largest digit that reaches the goal. Four
+// passes per search instead of the Triton kernels' eight (a 16-candidate
+// measure per pass). Masses are split at bit 31 as the sampler's totals
+// (sampling.cuh), so every sum is exact; a mass is compared with the goal in
+// float64 from the exact halves, as the reference does. Counts go through
+// the same comparison: they are below 2**31, exact in float64.
+//
+// Cost per truncated row: one pass for the largest key, four per top-k or
+// top-p search, one for top-p's total and one for the kept total: at most
+// 11 reads of the row.
+//
+// This header includes no torch header.
+#pragma once
+
+#include <cstdint>
+
+#include "specdec/block.cuh"
+#include "specdec/common.cuh"
+#include "specdec/index.cuh"
+#include "specdec/sampling.cuh"
+
+namespace specdec {
+
+// How an input row is truncated: kept iff key >= threshold, then
+// float32(float64(W) * reciprocal) (sampling.cuh's normalised_weight).
+struct Truncation {
+  int32_t threshold;
+  float reciprocal;
+  bool on;  // false: the row is used as given
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Truncation no_truncation() { return {0, 1.0f, false}; }
+
+// The key of p: the bits of p with NaN and negatives as +0 and values above
+// 1 as 1 (the reference's `clean`).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t probability_key(float p) {
+  const float cleaned = p > 0.0f ? (p < 1.0f ? p : 1.0f) : 0.0f;
+  return static_cast<int32_t>(float_as_bits(cleaned));
+}
+
+// The truncated row's entry for probability p (p itself when not truncating).
+// fixed_point_weight cleans p the same way, so W is the reference's weight of
+// the cleaned row.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float truncated_probability(float p, const Truncation& truncation) {
+  if (!truncation.on) return p;
+  return probability_key(p) >= truncation.threshold ? normalised_weight(fixed_point_weight(p), truncation.reciprocal)
+                                                    : 0.0f;
+}
+
+// One request's parameters; each is off at its neutral value (top_k outside
+// (0, V), top_p >= 1 or NaN, min_p <= 0 or NaN) or when not given.
+struct TruncationParameters {
+  int64_t top_k;
+  float top_p, min_p;
+  bool k_on, p_on, min_p_on;
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool any() const { return k_on || p_on || min_p_on; }
+};
+
+// `top_k` int32/int64 [B] (data nullptr: not given), `top_p`, `min_p` float32 [B] or nullptr.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE TruncationParameters load_truncation_parameters(
+    const IndexTensor& top_k, const float* top_p, const float* min_p, int64_t request, int64_t vocab_size) {
+  TruncationParameters parameters;
+  parameters.top_k = top_k.data == nullptr ? 0 : top_k[request];
+  parameters.top_p = top_p == nullptr ? 1.0f : top_p[request];
+  parameters.min_p = min_p == nullptr ? 0.0f : min_p[request];
+  parameters.k_on = parameters.top_k > 0 && parameters.top_k < vocab_size;
+  parameters.p_on = parameters.top_p < 1.0f;
+  parameters.min_p_on = parameters.min_p > 0.0f;
+  return parameters;
+}
+
+constexpr int kRadixBits = 8;
+constexpr int kRadixBins = 1 << kRadixBits;
+constexpr int kKeyBits = 31;  // keys of cleaned probabilities are below 2**30
+
+// Shared memory of one block: per bin, the split sums of what fell in it.
+struct TruncationHistogram {
+  uint64_t high31[kRadixBins];
+  uint64_t low31[kRadixBins];
+};
+
+// *address += value, atomically among the block's threads (shared memory on
+// the device; the host emulation's threads share plain memory, and its
+// barriers order these adds before any read).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void block_atomic_add(uint64_t* address, uint64_t value) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(reinterpret_cast<unsigned long long*>(address), static_cast<unsigned long long>(value));
+#else
+  __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+#endif
+}
+
+namespace truncation_detail {
+
+// visit(key, W) for every token of the row; load(first, out) gives the
+// probabilities [first, first + kWidth) (0 past the vocabulary).
+template <int kWidth, class Block, class Load, class Visit>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void for_each_token(const Block& block, int64_t vocab_size, const Load& load,
+                                                            Visit&& visit) {
+  const int64_t step = kWidth * static_cast<int64_t>(block.num_threads());
+  for (int64_t first = kWidth * static_cast<int64_t>(block.thread()); first < vocab_size; first += step) {
+    float p[kWidth];
+    load(first, p);
+    SPECDEC_UNROLL
+    for (int j = 0; j < kWidth; ++j) {
+      if (first + j < vocab_size) visit(probability_key(p[j]), fixed_point_weight(p[j]));
+    }
+  }
+}
+
+// The split mass of the tokens with key >= floor, to every thread.
+template <int kWidth, class Block, class Load>
+SPECDEC_HOST_DEVICE SplitTotal mass_at_least(const Block& block, int64_t vocab_size, const Load& load, int32_t floor) {
+  SplitTotal mass = {0, 0};
+  for_each_token<kWidth>(block, vocab_size, load, [&](int32_t key, uint64_t weight) {
+    if (key >= floor) add_weight(mass, weight);
+  });
+  return block.block_all_reduce(mass, AddSplitTotals());
+}
+
+// A digit that reaches the goal, with the measure of the tokens above it.
+struct DigitChoice {
+  int32_t digit;  // -1: none in this thread's bins
+  SplitTotal above;
+};
+
+// The larger digit (each digit is one thread's: the choice is unique).
+struct LargerDigit {
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE DigitChoice operator()(DigitChoice a, DigitChoice b) const {
+    return b.digit > a.digit ? b : a;
+  }
+};
+
+// The largest tau with m(tau) >= goal (see the top of the file): m counts
+// tokens (by_mass false) or sums their weights. The digit 0 always reaches
+// the goal (k < V tokens; top_p * S <= S) except for a NaN goal (top_p =
+// -inf with S = 0, whose truncated row has no mass whatever the threshold):
+// then 0 is taken, as the Triton kernels do.
+template <int kWidth, class Block, class Load>
+SPECDEC_HOST_DEVICE int32_t largest_key(const Block& block, TruncationHistogram* histogram, int64_t vocab_size,
+                                        const Load& load, double goal, bool by_mass) {
+  uint32_t found = 0;
+  SplitTotal above = {0, 0};  // the measure of the tokens whose bits above the pass's exceed found's
+  for (int top = kKeyBits; top > 0; top -= kRadixBits) {
+    const int shift = top > kRadixBits ? top - kRadixBits : 0;
+    const int num_digits = 1 << (top - shift);
+    block.sync();  // the previous pass's reads of the bins are over
+    for (int digit = block.thread(); digit < kRadixBins; digit += block.num_threads()) {
+      histogram->high31[digit] = 0;
+      histogram->low31[digit] = 0;
+    }
+    block.sync();
+    for_each_token<kWidth>(block, vocab_size, load, [&](int32_t key, uint64_t weight) {
+      const uint32_t bits = static_cast<uint32_t>(key);
+      if ((bits >> top) != (found >> top)) return;
+      const uint32_t digit = (bits >> shift) & static_cast<uint32_t>(num_digits - 1);
+      const uint64_t measure = by_mass ? weight : 1;
+      if (measure >> 31) block_atomic_add(&histogram->high31[digit], measure >> 31);
+      if (measure & kLow31Mask) block_atomic_add(&histogram->low31[digit], measure & kLow31Mask);
+    });
+    block.sync();
+    // Thread t of group g takes digit num_digits - 1 - (g + t): thread order
+    // is descending digit order, so an exclusive scan gives each digit the
+    // mass of the digits above it.
+    SplitTotal carry = above;
+    DigitChoice choice = {-1, {0, 0}};
+    for (int group = 0; group < num_digits; group += block.num_threads()) {
+      const int index = group + block.thread();
+      const int digit = num_digits - 1 - index;
+      const SplitTotal own = index < num_digits ? SplitTotal{histogram->high31[digit], histogram->low31[digit]}
+                                                : SplitTotal{0, 0};
+      SplitTotal group_total;
+      const SplitTotal before =
+          AddSplitTotals()(carry, block.block_exclusive_scan(own, AddSplitTotals(), SplitTotal{0, 0}, &group_total));
+      if (index < num_digits && split_total_float64(AddSplitTotals()(before, own)) >= goal) {
+        choice = LargerDigit()(choice, DigitChoice{digit, before});
+      }
+      carry = AddSplitTotals()(carry, group_total);
+    }
+    choice = block.block_all_reduce(choice, LargerDigit());
+    if (choice.digit >= 0) {
+      found |= static_cast<uint32_t>(choice.digit) << shift;
+      above = choice.above;
+    }
+  }
+  return static_cast<int32_t>(found);
+}
+
+}  // namespace truncation_detail
+
+// The truncation of one row (reference _truncation.truncate), every thread
+// gets it: the largest key, then tau_k, tau_p (within the top-k set) and
+// tau_m, the largest of the active ones as the threshold, and the reciprocal
+// of the kept row's exact total. `load(first, out)` gives the row's float32
+// probabilities [first, first + kWidth), untruncated. `parameters.any()`
+// must hold.
+template <int kWidth, class Block, class Load>
+SPECDEC_HOST_DEVICE Truncation row_truncation(const Block& block, TruncationHistogram* histogram,
+                                              const TruncationParameters& parameters, int64_t vocab_size,
+                                              const Load& load) {
+  int64_t max_key = 0;
+  truncation_detail::for_each_token<kWidth>(block, vocab_size, load,
+                                            [&](int32_t key, uint64_t) { max_key = key > max_key ? key : max_key; });
+  max_key = block.block_all_reduce(max_key, MaxInt64());
+
+  int32_t threshold = 0;
+  if (parameters.k_on) {
+    threshold = truncation_detail::largest_key<kWidth>(block, histogram, vocab_size, load,
+                                                       static_cast<double>(parameters.top_k), false);
+  }
+  if (parameters.p_on) {
+    const double total =
+        split_total_float64(truncation_detail::mass_at_least<kWidth>(block, vocab_size, load, threshold));
+#if defined(__CUDA_ARCH__)
+    const double goal = __dmul_rn(static_cast<double>(parameters.top_p), total);
+#else
+    const double goal = static_cast<double>(parameters.top_p) * total;
+#endif
+    const int32_t threshold_p =
+        truncation_detail::largest_key<kWidth>(block, histogram, vocab_size, load, goal, true);
+    // A goal of 0 is reached by every tau: keep the largest probability and its ties.
+    const int32_t capped = threshold_p < max_key ? threshold_p : static_cast<int32_t>(max_key);
+    threshold = capped > threshold ? capped : threshold;
+  }
+  if (parameters.min_p_on) {
+    const float scale = parameters.min_p < 1.0f ? parameters.min_p : 1.0f;
+    const int32_t threshold_m = probability_key(fmul_rn(scale, bits_as_float(static_cast<uint32_t>(max_key))));
+    threshold = threshold_m > threshold ? threshold_m : threshold;
+  }
+  const SplitTotal kept = truncation_detail::mass_at_least<kWidth>(block, vocab_size, load, threshold);
+  return {threshold, total_reciprocal(kept), true};
+}
+
+}  // namespace specdec
