@@ -22,7 +22,7 @@ from markov import SIGNIFICANCE, MarkovModel, joint_pvalue
 TOP_K, TOP_P, MIN_P = 4, 0.8, 0.06
 # Triton under the interpreter is slow; its kernels are also bit-equal to the reference
 # (test_sampling_parameters.py), so its end-to-end check runs on fewer sequences.
-TRITON_SEQUENCES = 40_000
+TRITON_SEQUENCES = 25_000
 MARGIN = 1e-5  # no row may sit this close to a threshold (float32 rounding is ~1e-7), so float64 agrees
 
 
@@ -77,6 +77,8 @@ def tree_models():
 @pytest.mark.parametrize("mode", ["without_replacement", "top_k"])
 def test_tree_follows_the_truncated_target(backend, mode, device):
     backend_or_skip("tree_verify", backend)
+    if backend == "triton" and mode != "top_k" and device.type == "cpu":
+        pytest.skip("one draft mode under the interpreter (slow); every mode is bit-equal to the reference")
     target, draft, truncated = tree_models()
     verify = functools.partial(sk.tree_verify, top_k=TOP_K, top_p=TOP_P, min_p=MIN_P)
     tokens = tree_harness.generate(target, draft, branching=tree_harness.SHALLOW, mode=mode, backend=backend,
