@@ -56,7 +56,7 @@ def chain_case(device: torch.device, seed) -> dict:
         op="chain_verify",
         public=lambda: sk.chain_verify(ids, target, draft, seed=seed, offset=3),
         direct=lambda backend: _library.op("chain_verify")(ids, target, draft, None, None, False, seed_tensor,
-                                                           seed_int, offset_tensor, offset_int, backend),
+                                                           seed_int, offset_tensor, offset_int, backend=backend),
     )
 
 
@@ -71,7 +71,7 @@ def tree_case(device: torch.device, seed) -> dict:
         public=lambda: sk.tree_verify(tokens, parents, target, seed=seed, offset=3),
         direct=lambda backend: _library.op("tree_verify")(tokens, parents, target, None, None, None, False,
                                                           "without_replacement", seed_tensor, seed_int,
-                                                          offset_tensor, offset_int, backend),
+                                                          offset_tensor, offset_int, backend=backend),
     )
 
 

@@ -22,9 +22,13 @@ CUDA_SAMPLING_PARAMETER_OPS = frozenset({"tree_verify"})
 
 def cuda_lacks(op_name: str, sampling_parameters) -> str | None:
     """What of this call ``op_name``'s CUDA kernel lacks (``_backend.resolve``'s ``cuda_lacks``), or None."""
-    if op_name in CUDA_SAMPLING_PARAMETER_OPS or all(value is None for value in sampling_parameters):
+    if sampling_parameters is NO_SAMPLING_PARAMETERS or op_name in CUDA_SAMPLING_PARAMETER_OPS:
         return None
     return SAMPLING_PARAMETERS_TEXT
+
+
+# What Checker.sampling_parameters returns when none is given: one object, so the common call is one test.
+NO_SAMPLING_PARAMETERS = (None, None, None, None)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -126,6 +130,8 @@ class Checker:
         Each is ``None``, a tensor ``[B]`` or one Python number for the
         batch; ``top_k`` and ``bonus_token_ids`` accept int32 or int64.
         """
+        if top_k is None and top_p is None and min_p is None and bonus_token_ids is None:
+            return NO_SAMPLING_PARAMETERS
         if top_k is not None and not isinstance(top_k, torch.Tensor):
             top_k = self._batch_scalar("top_k", top_k, batch_size, int, torch.int64)
         top_k = self.counts("top_k", top_k, batch_size)
