@@ -182,7 +182,8 @@ def test_auto_picks_cuda_for_trees_with_sampling_parameters():
     assert _backend.resolve("tree_verify", "auto", cuda, cuda_lacks=_validation.cuda_lacks("tree_verify", parameters)) == "cuda"
     for op_name in ("chain_verify", "chain_verify_packed"):
         lacks = _validation.cuda_lacks(op_name, parameters)
-        assert lacks is not None and _validation.cuda_lacks(op_name, (None,) * 4) is None
+        assert lacks is not None
+        assert _validation.cuda_lacks(op_name, _validation.NO_SAMPLING_PARAMETERS) is None
         assert _backend.resolve(op_name, "auto", cuda, cuda_lacks=lacks) != "cuda"
 
 
