@@ -8,13 +8,14 @@ thread, so that other processes on a busy machine count less):
 
 * ``public, stubbed``: ``sk.<op>(...)`` (``backend="auto"``) with the
   implementation of the backend it resolves to swapped for a stub that returns precomputed outputs
-  (``_library.IMPLEMENTATIONS``): the argument checks, backend resolution,
-  the torch dispatcher and the package's dispatch function. This is the
-  number to keep small (target: under 10 us).
+  (``_library.IMPLEMENTATIONS``): the argument checks, backend resolution
+  and the package's dispatch function, which the public function calls
+  directly in plain eager mode (``_library.run``). This is the number to
+  keep small (target: under 10 us).
 * ``torch.ops, stubbed``: ``torch.ops.specdec.<op>.default(...)`` with the same
-  stub and the resolved backend, as the public function calls it: the torch
-  dispatcher and the package's dispatch function alone; the difference to
-  the column before is the public function's own checks.
+  stub and the resolved backend: the torch dispatcher and the package's
+  dispatch function, without the public checks; what a direct ``torch.ops``
+  call pays, and the public call under a dispatch mode or the profiler.
 * ``public``: the real call (kernel included, or on a CPU the reference),
   for scale; on a GPU the host time per call, synchronised once per loop
   (kernels that run longer than their launch do not show here).

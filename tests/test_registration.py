@@ -58,3 +58,50 @@ def test_direct_torch_ops_calls_take_the_public_leading_arguments(device):
     mask = sk.build_tree(parents).mask
     assert torch.equal(torch.ops.specdec.tree_attention(q, k_cache, v_cache, tables, lens, mask),
                        sk.tree_attention(q, k_cache, v_cache, tables, lens, mask))
+
+
+# ----------------------------------------------------------------------------- the public call's path
+
+def _chain_call(device):
+    draft_ids, target, draft = chain_inputs(device, batch_size=3, max_drafts=2, vocab_size=50)
+    return lambda: sk.chain_verify(draft_ids, target, draft, seed=4, offset=1, backend="reference")
+
+
+def test_plain_eager_calls_skip_the_torch_dispatcher(device, monkeypatch):
+    """The public functions call the op's dispatch function directly (_library.run) in plain eager mode."""
+    call = _chain_call(device)
+    expected = call()
+
+    def unexpected(*args):
+        raise AssertionError("went through torch.ops")
+
+    monkeypatch.setitem(_library._OVERLOADS, "chain_verify", unexpected)
+    for got, want in zip(call(), expected):
+        assert torch.equal(got, want)
+
+
+def test_a_dispatch_mode_sees_the_op(device):
+    """Under a TorchDispatchMode (as FakeTensorMode and torch.export use) the call goes through torch.ops."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    call = _chain_call(device)
+    expected = call()
+    with Recorder():
+        result = call()
+    assert "specdec.chain_verify.default" in seen
+    for got, want in zip(result, expected):
+        assert torch.equal(got, want)
+
+
+def test_the_profiler_records_the_op(device):
+    call = _chain_call(device)
+    with torch.profiler.profile() as profile:
+        call()
+    assert any(event.name == "specdec::chain_verify" for event in profile.events())

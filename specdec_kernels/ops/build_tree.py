@@ -76,7 +76,7 @@ def build_tree(parents, *, num_nodes=None, prefix_lens=None, backend="auto", val
             reference.validate_parents(parents, num_nodes)
         except ValueError as error:
             check.fail(str(error))
-    return TreeInfo(*_library.op(OP_NAME)(parents, num_nodes, prefix_lens, resolved))
+    return TreeInfo(*_library.run(OP_NAME, parents, num_nodes, prefix_lens, resolved))
 
 
 def _fake(parents, *args):

@@ -126,8 +126,8 @@ def chain_verify(
         check.sampling_values(temperature, logits, {"target": target, "draft": draft})
         check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
-    return _library.op(OP_NAME)(
-        draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
+    return _library.run(
+        OP_NAME, draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
         seed_tensor, seed_int, offset_tensor, offset_int, *sampling_parameters, resolved,
     )
 

@@ -119,8 +119,8 @@ def chain_verify_packed(
         check.sampling_values(temperature, logits, {"target": target, "draft": draft})
         check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
-    return _library.op(OP_NAME)(
-        draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
+    return _library.run(
+        OP_NAME, draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
         seed_tensor, seed_int, offset_tensor, offset_int, *sampling_parameters, resolved,
     )
 

@@ -56,7 +56,7 @@ def compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, *, b
     check.tensor("prefix_lens", prefix_lens, (batch_size,), _validation.TOKEN_DTYPES, "[B]",
                  sizes_from="accepted_nodes")
     resolved = _backend.resolve(OP_NAME, backend, k_cache.device)
-    _library.op(OP_NAME)(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, resolved)
+    _library.run(OP_NAME, k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, resolved)
 
 
 def _fake(*args):

@@ -77,8 +77,8 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
     block_size = k_cache.shape[1]
     if resolved != "reference" and block_size & (block_size - 1):
         check.fail(f"the {resolved} kernel needs a power-of-two block size (`k_cache.shape[1]`); got {block_size}")
-    return _library.op(OP_NAME)(
-        q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, float(scale), resolved
+    return _library.run(
+        OP_NAME, q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, float(scale), resolved
     )
 
 

@@ -110,8 +110,8 @@ def tree_verify(
         check.sampling_values(temperature, logits, {"target": target, "draft": draft})
         check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
-    return _library.op(OP_NAME)(
-        tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
+    return _library.run(
+        OP_NAME, tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
         seed_tensor, seed_int, offset_tensor, offset_int, *sampling_parameters, resolved,
     )
 
