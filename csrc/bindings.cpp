@@ -243,6 +243,51 @@ RngFillOutputs rng_fill_cuda(const std::optional<at::Tensor>& seed, int64_t seed
 }
 
 // ---------------------------------------------------------------------------
+// top_k / top_p / min_p / bonus_token_ids (each [B] or None), shared by
+// chain_verify, chain_verify_packed and tree_verify.
+
+struct SamplingParameterTensors {
+  const std::optional<at::Tensor>& top_k;
+  const std::optional<at::Tensor>& top_p;
+  const std::optional<at::Tensor>& min_p;
+  const std::optional<at::Tensor>& bonus_token_ids;
+};
+
+// top_k and bonus_token_ids int32/int64, top_p and min_p float32, all [B] on the device of `target`.
+void check_sampling_parameters(const SamplingParameterTensors& t, const char* op, int64_t batch_size,
+                               const at::Tensor& target) {
+  for (const auto& [tensor, name] : {std::pair{&t.top_k, "top_k"}, std::pair{&t.bonus_token_ids, "bonus_token_ids"}}) {
+    if (!tensor->has_value()) continue;
+    check_index_tensor(**tensor, op, name, 1, "[B]");
+    TORCH_CHECK_VALUE((*tensor)->size(0) == batch_size, "specdec_C::", op, ": `", name, "` must have shape [B] = [",
+                      batch_size, "], got ", (*tensor)->sizes());
+    check_same_device(**tensor, op, name, target, "target");
+  }
+  check_batch_vector(t.top_p, op, "top_p", at::kFloat, batch_size, target);
+  check_batch_vector(t.min_p, op, "min_p", at::kFloat, batch_size, target);
+}
+
+// The parameters as the kernels read them (contiguous), kept alive with the args.
+struct SamplingParameterInputs {
+  std::optional<at::Tensor> top_k, top_p, min_p, bonus_token_ids;
+
+  explicit SamplingParameterInputs(const SamplingParameterTensors& t)
+      : top_k(contiguous_or_none(t.top_k)),
+        top_p(contiguous_or_none(t.top_p)),
+        min_p(contiguous_or_none(t.min_p)),
+        bonus_token_ids(contiguous_or_none(t.bonus_token_ids)) {}
+
+  // Sets the fields of the same names in ChainVerifyArgs / TreeVerifyArgs.
+  template <class Args>
+  void set(Args& args) const {
+    if (top_k.has_value()) args.top_k = index_tensor(*top_k);
+    if (top_p.has_value()) args.top_p = top_p->data_ptr<float>();
+    if (min_p.has_value()) args.min_p = min_p->data_ptr<float>();
+    if (bonus_token_ids.has_value()) args.bonus_token_ids = index_tensor(*bonus_token_ids);
+  }
+};
+
+// ---------------------------------------------------------------------------
 // chain_verify and chain_verify_packed: fused chain verification
 // (csrc/chain_verify.cu), one kernel for both layouts. The caller allocates
 // the outputs and lends the workspace and the counters
@@ -266,6 +311,7 @@ struct ChainVerifyTensors {
   const at::Tensor& num_accepted;
   int64_t num_splits;
   int64_t max_drafts;  // packed: max_num_draft_tokens (padded: from the shape of `target`)
+  SamplingParameterTensors sampling;
 };
 
 // The sizes of one call, read from either layout.
@@ -352,6 +398,7 @@ ChainShapes check_chain_verify_args(const ChainVerifyTensors& t, const char* op)
   const int64_t batch_size = shapes.batch_size;
   check_batch_vector(t.temperature, op, "temperature", at::kFloat, batch_size, t.target);
   check_random_state(t.seed, t.offset, op, batch_size, t.target);
+  check_sampling_parameters(t.sampling, op, batch_size, t.target);
 
   const int64_t chunk_words = chain_verify_chunk_words(batch_size, shapes.vocab_size);
   check_dtype(t.workspace, op, "workspace", at::kLong);
@@ -376,7 +423,10 @@ ChainShapes check_chain_verify_args(const ChainVerifyTensors& t, const char* op)
 struct ChainVerifyInputs {
   at::Tensor draft_token_ids, target;
   std::optional<at::Tensor> draft, num_draft_tokens, cu_num_draft_tokens, temperature, seed, offset;
+  SamplingParameterInputs sampling;
   ChainVerifyArgs args;
+
+  explicit ChainVerifyInputs(const SamplingParameterTensors& parameters) : sampling(parameters) {}
 };
 
 ProbDtype probability_dtype(at::ScalarType dtype) {
@@ -397,7 +447,7 @@ void prepare_distributions(const at::Tensor& target, const std::optional<at::Ten
 
 ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, const ChainShapes& shapes, bool logits,
                                        int64_t seed_value, int64_t offset_value) {
-  ChainVerifyInputs inputs;
+  ChainVerifyInputs inputs(t.sampling);
   inputs.draft_token_ids = t.draft_token_ids;
   prepare_distributions(t.target, t.draft, inputs.target, inputs.draft);
   inputs.num_draft_tokens = contiguous_or_none(t.num_draft_tokens);
@@ -429,6 +479,7 @@ ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, const ChainS
   if (inputs.temperature.has_value()) args.temperature = inputs.temperature->data_ptr<float>();
   args.logits = logits;
   args.rng = rng_args_of(inputs.seed, seed_value, inputs.offset, offset_value);
+  inputs.sampling.set(args);
   args.output_token_ids = t.output_token_ids.data_ptr<int32_t>();
   args.output_stride_b = t.output_token_ids.stride(0);
   args.num_accepted = t.num_accepted.data_ptr<int32_t>();
@@ -485,9 +536,12 @@ void chain_verify_meta(const at::Tensor& draft_token_ids, const at::Tensor& targ
                        const std::optional<at::Tensor>& temperature, bool logits, const std::optional<at::Tensor>& seed,
                        int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
                        const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
-                       const at::Tensor& num_accepted, int64_t num_splits) {
+                       const at::Tensor& num_accepted, int64_t num_splits,
+                       const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                       const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids) {
   chain_verify_meta_impl({draft_token_ids, kNoTensor, target, draft, num_draft_tokens, temperature, seed, offset,
-                          workspace, arrivals, output_token_ids, num_accepted, num_splits, 0},
+                          workspace, arrivals, output_token_ids, num_accepted, num_splits, 0,
+                          {top_k, top_p, min_p, bonus_token_ids}},
                          "chain_verify");
 }
 
@@ -496,9 +550,12 @@ void chain_verify_cpu(const at::Tensor& draft_token_ids, const at::Tensor& targe
                       const std::optional<at::Tensor>& temperature, bool logits, const std::optional<at::Tensor>& seed,
                       int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
                       const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
-                      const at::Tensor& num_accepted, int64_t num_splits) {
+                      const at::Tensor& num_accepted, int64_t num_splits,
+                      const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                      const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids) {
   chain_verify_cpu_impl({draft_token_ids, kNoTensor, target, draft, num_draft_tokens, temperature, seed, offset,
-                         workspace, arrivals, output_token_ids, num_accepted, num_splits, 0},
+                         workspace, arrivals, output_token_ids, num_accepted, num_splits, 0,
+                         {top_k, top_p, min_p, bonus_token_ids}},
                         "chain_verify", logits, seed_value, offset_value);
 }
 
@@ -507,9 +564,12 @@ void chain_verify_cuda(const at::Tensor& draft_token_ids, const at::Tensor& targ
                        const std::optional<at::Tensor>& temperature, bool logits, const std::optional<at::Tensor>& seed,
                        int64_t seed_value, const std::optional<at::Tensor>& offset, int64_t offset_value,
                        const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
-                       const at::Tensor& num_accepted, int64_t num_splits) {
+                       const at::Tensor& num_accepted, int64_t num_splits,
+                       const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                       const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids) {
   chain_verify_cuda_impl({draft_token_ids, kNoTensor, target, draft, num_draft_tokens, temperature, seed, offset,
-                          workspace, arrivals, output_token_ids, num_accepted, num_splits, 0},
+                          workspace, arrivals, output_token_ids, num_accepted, num_splits, 0,
+                          {top_k, top_p, min_p, bonus_token_ids}},
                          "chain_verify", logits, seed_value, offset_value);
 }
 
@@ -519,10 +579,14 @@ void chain_verify_packed_meta(const at::Tensor& draft_token_ids, const at::Tenso
                               const std::optional<at::Tensor>& seed, int64_t seed_value,
                               const std::optional<at::Tensor>& offset, int64_t offset_value,
                               const at::Tensor& workspace, const at::Tensor& arrivals,
-                              const at::Tensor& output_token_ids, const at::Tensor& num_accepted, int64_t num_splits) {
+                              const at::Tensor& output_token_ids, const at::Tensor& num_accepted, int64_t num_splits,
+                              const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                              const std::optional<at::Tensor>& min_p,
+                              const std::optional<at::Tensor>& bonus_token_ids) {
   const std::optional<at::Tensor> cu = cu_num_draft_tokens;
   chain_verify_meta_impl({draft_token_ids, cu, target, draft, kNoTensor, temperature, seed, offset, workspace,
-                          arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens},
+                          arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens,
+                          {top_k, top_p, min_p, bonus_token_ids}},
                          "chain_verify_packed");
 }
 
@@ -532,10 +596,13 @@ void chain_verify_packed_cpu(const at::Tensor& draft_token_ids, const at::Tensor
                              const std::optional<at::Tensor>& seed, int64_t seed_value,
                              const std::optional<at::Tensor>& offset, int64_t offset_value,
                              const at::Tensor& workspace, const at::Tensor& arrivals,
-                             const at::Tensor& output_token_ids, const at::Tensor& num_accepted, int64_t num_splits) {
+                             const at::Tensor& output_token_ids, const at::Tensor& num_accepted, int64_t num_splits,
+                             const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                             const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids) {
   const std::optional<at::Tensor> cu = cu_num_draft_tokens;
   chain_verify_cpu_impl({draft_token_ids, cu, target, draft, kNoTensor, temperature, seed, offset, workspace,
-                         arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens},
+                         arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens,
+                         {top_k, top_p, min_p, bonus_token_ids}},
                         "chain_verify_packed", logits, seed_value, offset_value);
 }
 
@@ -545,10 +612,14 @@ void chain_verify_packed_cuda(const at::Tensor& draft_token_ids, const at::Tenso
                               const std::optional<at::Tensor>& seed, int64_t seed_value,
                               const std::optional<at::Tensor>& offset, int64_t offset_value,
                               const at::Tensor& workspace, const at::Tensor& arrivals,
-                              const at::Tensor& output_token_ids, const at::Tensor& num_accepted, int64_t num_splits) {
+                              const at::Tensor& output_token_ids, const at::Tensor& num_accepted, int64_t num_splits,
+                              const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                              const std::optional<at::Tensor>& min_p,
+                              const std::optional<at::Tensor>& bonus_token_ids) {
   const std::optional<at::Tensor> cu = cu_num_draft_tokens;
   chain_verify_cuda_impl({draft_token_ids, cu, target, draft, kNoTensor, temperature, seed, offset, workspace,
-                          arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens},
+                          arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens,
+                          {top_k, top_p, min_p, bonus_token_ids}},
                          "chain_verify_packed", logits, seed_value, offset_value);
 }
 
@@ -747,10 +818,7 @@ struct TreeVerifyTensors {
   const at::Tensor& accepted_nodes;
   const at::Tensor& output_token_ids;
   const at::Tensor& num_accepted;
-  const std::optional<at::Tensor>& top_k;
-  const std::optional<at::Tensor>& top_p;
-  const std::optional<at::Tensor>& min_p;
-  const std::optional<at::Tensor>& bonus_token_ids;
+  SamplingParameterTensors sampling;
 };
 
 void check_tree_verify_args(const TreeVerifyTensors& t) {
@@ -792,15 +860,7 @@ void check_tree_verify_args(const TreeVerifyTensors& t) {
   check_batch_vector(t.num_nodes, op, "num_nodes", at::kInt, batch_size, t.target);
   check_batch_vector(t.temperature, op, "temperature", at::kFloat, batch_size, t.target);
   check_random_state(t.seed, t.offset, op, batch_size, t.target);
-  for (const auto& [tensor, name] : {std::pair{&t.top_k, "top_k"}, std::pair{&t.bonus_token_ids, "bonus_token_ids"}}) {
-    if (!tensor->has_value()) continue;
-    check_index_tensor(**tensor, op, name, 1, "[B]");
-    TORCH_CHECK_VALUE((*tensor)->size(0) == batch_size, "specdec_C::tree_verify: `", name, "` must have shape [B] = [",
-                      batch_size, "], got ", (*tensor)->sizes());
-    check_same_device(**tensor, op, name, t.target, "target");
-  }
-  check_batch_vector(t.top_p, op, "top_p", at::kFloat, batch_size, t.target);
-  check_batch_vector(t.min_p, op, "min_p", at::kFloat, batch_size, t.target);
+  check_sampling_parameters(t.sampling, op, batch_size, t.target);
 
   const int64_t words = tree_verify_workspace_words(batch_size, vocab_size);
   check_dtype(t.workspace, op, "workspace", at::kLong);
@@ -817,22 +877,21 @@ void check_tree_verify_args(const TreeVerifyTensors& t) {
 // Keeps the converted / contiguous inputs alive as long as the args point into them.
 struct TreeVerifyInputs {
   at::Tensor target;
-  std::optional<at::Tensor> draft, num_nodes, temperature, seed, offset, top_k, top_p, min_p, bonus_token_ids;
+  std::optional<at::Tensor> draft, num_nodes, temperature, seed, offset;
+  SamplingParameterInputs sampling;
   TreeVerifyArgs args;
+
+  explicit TreeVerifyInputs(const SamplingParameterTensors& parameters) : sampling(parameters) {}
 };
 
 TreeVerifyInputs prepare_tree_verify(const TreeVerifyTensors& t, bool logits, int64_t seed_value,
                                      int64_t offset_value) {
-  TreeVerifyInputs inputs;
+  TreeVerifyInputs inputs(t.sampling);
   prepare_distributions(t.target, t.draft, inputs.target, inputs.draft);
   inputs.num_nodes = contiguous_or_none(t.num_nodes);
   inputs.temperature = contiguous_or_none(t.temperature);
   inputs.seed = contiguous_or_none(t.seed);
   inputs.offset = contiguous_or_none(t.offset);
-  inputs.top_k = contiguous_or_none(t.top_k);
-  inputs.top_p = contiguous_or_none(t.top_p);
-  inputs.min_p = contiguous_or_none(t.min_p);
-  inputs.bonus_token_ids = contiguous_or_none(t.bonus_token_ids);
 
   TreeVerifyArgs& args = inputs.args;
   args.tree_token_ids = t.tree_token_ids.data_ptr();
@@ -855,10 +914,7 @@ TreeVerifyInputs prepare_tree_verify(const TreeVerifyTensors& t, bool logits, in
   if (inputs.temperature.has_value()) args.temperature = inputs.temperature->data_ptr<float>();
   args.logits = logits;
   args.without_replacement = t.draft_sampling == "without_replacement";
-  if (inputs.top_k.has_value()) args.top_k = index_tensor(*inputs.top_k);
-  if (inputs.top_p.has_value()) args.top_p = inputs.top_p->data_ptr<float>();
-  if (inputs.min_p.has_value()) args.min_p = inputs.min_p->data_ptr<float>();
-  if (inputs.bonus_token_ids.has_value()) args.bonus_token_ids = index_tensor(*inputs.bonus_token_ids);
+  inputs.sampling.set(args);
   args.rng = rng_args_of(inputs.seed, seed_value, inputs.offset, offset_value);
   args.accepted_nodes = t.accepted_nodes.data_ptr<int32_t>();
   args.accepted_stride_b = t.accepted_nodes.stride(0);
@@ -892,8 +948,8 @@ void tree_verify_meta(const at::Tensor& tree_token_ids, const at::Tensor& parent
     }
   }
   check_tree_verify_args({tree_token_ids, parents, target, draft, num_nodes, temperature, draft_sampling, seed, offset,
-                          workspace, accepted_nodes, output_token_ids, num_accepted, top_k, top_p, min_p,
-                          bonus_token_ids});
+                          workspace, accepted_nodes, output_token_ids, num_accepted, {top_k, top_p, min_p,
+                          bonus_token_ids}});
 }
 
 void tree_verify_cpu(const at::Tensor& tree_token_ids, const at::Tensor& parents, const at::Tensor& target,
@@ -907,8 +963,8 @@ void tree_verify_cpu(const at::Tensor& tree_token_ids, const at::Tensor& parents
                      const std::optional<at::Tensor>& bonus_token_ids) {
   const TreeVerifyTensors tensors = {tree_token_ids, parents,  target,         draft,          num_nodes,
                                      temperature,    draft_sampling, seed,     offset,         workspace,
-                                     accepted_nodes, output_token_ids, num_accepted, top_k, top_p, min_p,
-                                     bonus_token_ids};
+                                     accepted_nodes, output_token_ids, num_accepted, {top_k, top_p, min_p,
+                                     bonus_token_ids}};
   check_tree_verify_args(tensors);
   tree_verify_host(prepare_tree_verify(tensors, logits, seed_value, offset_value).args);
 }
@@ -924,8 +980,8 @@ void tree_verify_cuda(const at::Tensor& tree_token_ids, const at::Tensor& parent
                       const std::optional<at::Tensor>& bonus_token_ids) {
   const TreeVerifyTensors tensors = {tree_token_ids, parents,  target,         draft,          num_nodes,
                                      temperature,    draft_sampling, seed,     offset,         workspace,
-                                     accepted_nodes, output_token_ids, num_accepted, top_k, top_p, min_p,
-                                     bonus_token_ids};
+                                     accepted_nodes, output_token_ids, num_accepted, {top_k, top_p, min_p,
+                                     bonus_token_ids}};
   check_tree_verify_args(tensors);
   const c10::DeviceGuard device_guard(target.device());
   const TreeVerifyInputs inputs = prepare_tree_verify(tensors, logits, seed_value, offset_value);
@@ -961,7 +1017,8 @@ TORCH_LIBRARY(specdec_C, m) {
       "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft, Tensor? num_draft_tokens, "
       "Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, int offset_value, "
       "Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, Tensor(d!) num_accepted, "
-      "int num_splits=0) -> ()");
+      "int num_splits=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
+      "Tensor? bonus_token_ids=None) -> ()");
   // The same on the packed layout (sk.chain_verify_packed): draft_token_ids
   // [T], cu_num_draft_tokens [B+1] (int32 or int64, read on the device),
   // target [T+B, V], draft [T, V] or None; the workspace and counters as for
@@ -970,7 +1027,8 @@ TORCH_LIBRARY(specdec_C, m) {
       "chain_verify_packed(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target, Tensor? draft, "
       "int max_num_draft_tokens, Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, "
       "int offset_value, Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, "
-      "Tensor(d!) num_accepted, int num_splits=0) -> ()");
+      "Tensor(d!) num_accepted, int num_splits=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
+      "Tensor? bonus_token_ids=None) -> ()");
   // Tree metadata (include/specdec/build_tree.cuh): parents [B, N],
   // num_nodes and prefix_lens [B] or None, each int32 or int64. Returns mask
   // int32 [B, N, ceil(N/32)], depth int32 [B, N], positions int64 [B, N].

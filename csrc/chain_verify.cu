@@ -80,9 +80,11 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
   dispatch_dtypes(args, [&](auto prob, auto token) {
     using Prob = decltype(prob);
     using Token = decltype(token);
-    // Blocks one after another: with tickets, in ticket order.
-    run_host_blocks(blocks, [&params](const SimtHostBlock& block, int64_t index) {
-      chain_verify_detail::chain_verify_block<SimtHostBlock, Prob, Token>(block, params, index);
+    // Blocks one after another: with tickets, in ticket order. The emulated
+    // block's shared memory is reused by each.
+    TruncationHistogram histogram;
+    run_host_blocks(blocks, [&params, &histogram](const SimtHostBlock& block, int64_t index) {
+      chain_verify_detail::chain_verify_block<SimtHostBlock, Prob, Token>(block, params, index, &histogram);
     });
   });
   return args.counters[kChainErrorWord] != error_before ? "counters found inconsistent (a wait gave up or a ticket was out of range: counters left dirty by a call that never finished?)" : nullptr;

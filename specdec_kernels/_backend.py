@@ -69,25 +69,18 @@ def available(op_name: str, backend: str, device: torch.device) -> bool:
     return _WHY_UNAVAILABLE[backend](op_name, device) is None
 
 
-def resolve(op_name: str, backend: str, device: torch.device, cuda_lacks: str | None = None) -> str:
-    """The concrete backend for ``backend`` on ``device``; ``RuntimeError`` says why not.
-
-    ``cuda_lacks`` names a feature of this call the CUDA kernels do not have
-    yet: ``"auto"`` then passes over them, ``"cuda"`` raises.
-    """
+def resolve(op_name: str, backend: str, device: torch.device) -> str:
+    """The concrete backend for ``backend`` on ``device``; ``RuntimeError`` says why not."""
     if backend not in BACKENDS:
         raise ValueError(f"{op_name}: `backend` must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
     if backend == "auto":
         if device.type != "cuda":
             return "reference"
-        if cuda_lacks is None and _cuda_unavailable(op_name, device) is None:
+        if _cuda_unavailable(op_name, device) is None:
             return "cuda"
         if _triton_unavailable(op_name, device) is None:
             return "triton"
         return "reference"
-    if backend == "cuda" and cuda_lacks is not None:
-        raise RuntimeError(f"{op_name}: backend 'cuda' cannot run: its kernel does not implement {cuda_lacks} yet "
-                           f"(use backend='triton' or 'auto')")
     reason = _WHY_UNAVAILABLE[backend](op_name, device)
     if reason is not None:
         raise RuntimeError(f"{op_name}: backend {backend!r} cannot run: {reason}")

@@ -14,20 +14,7 @@ import threading
 import torch
 
 TOKEN_DTYPES = (torch.int32, torch.int64)
-# The sampling parameters (v1.2) and the ops whose CUDA kernel takes them; the
-# others' CUDA kernels do not yet (backend="auto" then takes Triton for them).
-SAMPLING_PARAMETERS_TEXT = "top_k/top_p/min_p/bonus_token_ids"
-CUDA_SAMPLING_PARAMETER_OPS = frozenset({"tree_verify"})
-
-
-def cuda_lacks(op_name: str, sampling_parameters) -> str | None:
-    """What of this call ``op_name``'s CUDA kernel lacks (``_backend.resolve``'s ``cuda_lacks``), or None."""
-    if sampling_parameters is NO_SAMPLING_PARAMETERS or op_name in CUDA_SAMPLING_PARAMETER_OPS:
-        return None
-    return SAMPLING_PARAMETERS_TEXT
-
-
-# What Checker.sampling_parameters returns when none is given: one object, so the common call is one test.
+# What Checker.sampling_parameters returns when none is given.
 NO_SAMPLING_PARAMETERS = (None, None, None, None)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

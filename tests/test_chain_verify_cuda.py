@@ -24,6 +24,14 @@ import specdec_kernels as sk
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
 from specdec_kernels.launchers.chain_verify import cuda_workspace_specs
 from specdec_kernels.reference import chain_verify as reference
+from sampling_parameter_cases import (
+    PARAMETER_SETS,
+    SAMPLING_PARAMETERS,
+    assert_logits_agree,
+    quantised,
+    sampling_parameters,
+    with_parameters,
+)
 
 HAS_OP = cuda_extension_available() and "chain_verify" in extension_ops()
 needs_op = pytest.mark.skipif(
@@ -96,7 +104,7 @@ RANDOM_STATES = ["int", "int-large", "per-request-seed", "offset-scalar-tensor",
 
 def run_reference(case, seed, offset):
     return reference.chain_verify(case["draft_token_ids"], case["target"], case["draft"], case["num_draft_tokens"],
-                                  case["temperature"], case["logits"], seed, offset)
+                                  case["temperature"], case["logits"], seed, offset, *sampling_parameters(case))
 
 
 def run_op(case, seed, offset, num_splits=0, workspace_words=None):
@@ -123,7 +131,7 @@ def run_op(case, seed, offset, num_splits=0, workspace_words=None):
     torch.ops.specdec_C.chain_verify(
         case["draft_token_ids"], target, case["draft"], case["num_draft_tokens"], case["temperature"],
         case["logits"], seed_tensor, seed_value, offset_tensor, offset_value, workspace, arrivals, output,
-        num_accepted, num_splits,
+        num_accepted, num_splits, *sampling_parameters(case),
     )
     assert torch.equal(arrivals, torch.zeros_like(arrivals)), f"counters must be left at zero: {arrivals.tolist()}"
     return output, num_accepted
@@ -132,7 +140,8 @@ def run_op(case, seed, offset, num_splits=0, workspace_words=None):
 def run_cuda(case, seed, offset):
     return sk.chain_verify(case["draft_token_ids"], case["target"], case["draft"],
                            num_draft_tokens=case["num_draft_tokens"], temperature=case["temperature"],
-                           logits=case["logits"], seed=seed, offset=offset, backend="cuda")
+                           logits=case["logits"], seed=seed, offset=offset, backend="cuda",
+                           **{name: case[name] for name in SAMPLING_PARAMETERS if case.get(name) is not None})
 
 
 def _wrap(value: int) -> int:
@@ -437,6 +446,104 @@ def test_host_program_a_set_error_flag_never_disturbs_a_later_larger_batch():
     assert arrivals.tolist() == [0, 1] + [0] * batch_size
 
 
+# ---------------------------------------------------------------------------
+# top_k / top_p / min_p and bonus_token_ids, the block program on the host.
+
+@needs_op
+@pytest.mark.parametrize("parameters", list(PARAMETER_SETS))
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_host_program_sampling_parameters_match_reference_bitwise(with_draft, parameters):
+    """Greedy requests mixed in, ragged counts, invalid ids; V = 111 (one chunk), 2100 (three, the last
+    partial) and quantised rows (ties at every threshold); every seed/offset form. A forced split count must
+    not change anything: the truncation plan has one block per request, bonus ids keep the split."""
+    cases = [
+        make_case(9, 4, 111, seed=31, with_draft=with_draft),
+        make_case(6, 3, 2100, seed=32, with_draft=with_draft, greedy_fraction=0.4),
+        quantised(make_case(7, 5, 300, seed=33, with_draft=with_draft, invalid_fraction=0.0)),
+    ]
+    for index, (case, state) in enumerate(zip(cases, RANDOM_STATES)):
+        case = with_parameters(case, PARAMETER_SETS[parameters], seed=40 + index)
+        seed, offset = random_state(state, case["target"].shape[0], "cpu", step=index)
+        expected = run_reference(case, seed, offset)
+        for num_splits in (0, 3):
+            assert_same(run_op(case, seed, offset, num_splits), expected,
+                        f"{parameters} case {index} state={state} splits={num_splits}")
+
+
+@needs_op
+@pytest.mark.parametrize("vocab_size", [300, 2100])
+def test_host_program_sampling_parameters_on_degenerate_rows(vocab_size):
+    """NaN, negative, above-1, tied and all-zero rows: keys and weights of the cleaned values, as the reference."""
+    for case in degenerate_cases("cpu", vocab_size):
+        case = with_parameters(case, PARAMETER_SETS["all+bonus"], seed=5)
+        for offset in range(3):
+            assert_same(run_op(case, 4, offset), run_reference(case, 4, offset), f"offset {offset}")
+
+
+@needs_op
+def test_host_program_sampling_parameters_large_vocabulary():
+    """V = 128256: the radix search's digits spread over many chunks."""
+    case = with_parameters(make_case(2, 2, 128256, seed=8, greedy_fraction=0.0), PARAMETER_SETS["all"], seed=9)
+    seed, offset = random_state("per-request-seed", 2, "cpu")
+    assert_same(run_op(case, seed, offset), run_reference(case, seed, offset), "V=128256")
+
+
+@needs_op
+def test_host_program_top_k_one_emits_the_argmax():
+    """The parameters reach the kernel: with top_k = 1 and no drafts, each request emits its row's argmax."""
+    case = make_case(6, 2, 111, seed=35, greedy_fraction=0.0, invalid_fraction=0.0, ragged=False)
+    case["num_draft_tokens"] = torch.zeros(6, dtype=torch.int32)
+    case["top_k"] = torch.ones(6, dtype=torch.int32)
+    output, num_accepted = run_op(case, 1, 0)
+    assert torch.equal(num_accepted, torch.zeros(6, dtype=torch.int32))
+    assert torch.equal(output[:, 0], case["target"][:, 0].argmax(-1).to(torch.int32))
+
+
+@needs_op
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_host_program_bonus_ids_with_logits_and_split_rows(num_splits):
+    """Bonus ids in every plan: the one-block walk and the two waves (logits, 3 splits), greedy requests too."""
+    rates = []
+    for index, with_draft in enumerate((True, False)):
+        case = make_case(12, 3, 2100, seed=60 + index, logits=True, with_draft=with_draft, greedy_fraction=0.4)
+        case = with_parameters(case, PARAMETER_SETS["bonus"], seed=index)
+        output, num_accepted = run_op(case, 2, index, num_splits)
+        expected_output, expected_accepted = run_reference(case, 2, index)
+        takes_bonus = num_accepted == case["num_draft_tokens"]
+        assert bool(takes_bonus.any())
+        emitted = output[torch.arange(12), num_accepted.long()]
+        assert torch.equal(emitted[takes_bonus], case["bonus_token_ids"][takes_bonus].to(torch.int32))
+        rates.append(agreement((output, num_accepted), (expected_output, expected_accepted)))
+    assert min(rates) >= 0.9, rates
+
+
+@needs_op
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_host_program_sampling_parameters_logits_agree(with_draft):
+    rates = []
+    for index, vocab_size in enumerate([7, 111, 2100]):
+        case = make_case(16, 4, vocab_size, seed=90 + index, logits=True, with_draft=with_draft)
+        case = with_parameters(case, PARAMETER_SETS["all+bonus"], seed=index)
+        rates.append(agreement(run_op(case, 3, index), run_reference(case, 3, index)))
+    assert_logits_agree(rates, f"draft={with_draft}")
+
+
+@needs_op
+def test_rejects_bad_sampling_parameters():
+    case = make_case(2, 2, 50, seed=1)
+    specs = cuda_workspace_specs(2, 3, 50, False, "cpu")
+    arguments = (case["draft_token_ids"], case["target"], case["draft"], None, None, False, None, 0, None, 0,
+                 torch.zeros(specs["chain_verify_cuda.workspace"][0], dtype=torch.int64),
+                 torch.zeros(specs["chain_verify_cuda.arrivals"][0], dtype=torch.int32),
+                 torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 0)
+    with pytest.raises(TypeError, match="`top_k` must be Int or Long"):
+        torch.ops.specdec_C.chain_verify(*arguments, torch.ones(2))
+    with pytest.raises(ValueError, match=r"`bonus_token_ids` must have shape \[B\] = \[2\]"):
+        torch.ops.specdec_C.chain_verify(*arguments, bonus_token_ids=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="`min_p` must be Float"):
+        torch.ops.specdec_C.chain_verify(*arguments, min_p=torch.zeros(2, dtype=torch.float64))
+
+
 def test_workspace_specs():
     specs = cuda_workspace_specs(5, 4, 3000, False, "cpu")
     (workspace, workspace_dtype), (arrivals, arrivals_dtype) = specs.values()
@@ -562,6 +669,20 @@ def test_kernel_large_batch_and_repeated_calls_leave_counters_at_zero():
     torch.cuda.synchronize()
     counters = [buffer for key, buffer in _workspace._buffers.items() if key[0] == "chain_verify_cuda.arrivals"]
     assert counters and all(int(buffer.abs().sum()) == 0 for buffer in counters)
+
+
+@needs_gpu
+@pytest.mark.parametrize("vocab_size", [111, 32000, 128256])
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_kernel_sampling_parameters_match_reference_bitwise(vocab_size, with_draft):
+    for index, parameters in enumerate(PARAMETER_SETS):
+        case = make_case(8, 4, vocab_size, seed=vocab_size + index, device="cuda", with_draft=with_draft)
+        if index % 3 == 2:
+            case = quantised(case)
+        case = with_parameters(case, PARAMETER_SETS[parameters], seed=index)
+        seed, offset = random_state(RANDOM_STATES[index % len(RANDOM_STATES)], 8, "cuda", step=index)
+        assert_same(run_cuda(case, seed, offset), run_reference(case, seed, offset),
+                    f"{parameters} V={vocab_size} draft={with_draft}")
 
 
 @needs_gpu

@@ -24,6 +24,12 @@ from conftest import ALL_BACKENDS, backend_or_skip
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
 from specdec_kernels.launchers.chain_verify import cuda_workspace_specs
 from specdec_kernels.reference.chain_verify_packed import packed_requests
+from sampling_parameter_cases import (
+    PARAMETER_SETS,
+    SAMPLING_PARAMETERS,
+    parameter_values,
+    sampling_parameters,
+)
 from test_chain_verify_cuda import assert_same, random_state
 
 HAS_HOST_OP = cuda_extension_available() and "chain_verify_packed" in extension_ops()
@@ -81,7 +87,8 @@ def padded_equivalent(case):
         if draft is not None:
             padded_draft[b, :count] = draft[start:start + count]
     return dict(draft_token_ids=padded_ids, target=padded_target, draft=None if draft is None else padded_draft,
-                num_draft_tokens=counts.to(torch.int32), temperature=case["temperature"], logits=case["logits"])
+                num_draft_tokens=counts.to(torch.int32), temperature=case["temperature"], logits=case["logits"],
+                **{name: case[name] for name in SAMPLING_PARAMETERS if name in case})
 
 
 def run_packed(case, backend, seed, offset):
@@ -107,7 +114,7 @@ def run_host(case, seed, offset, num_splits=0, padded=False):
     output = torch.full((batch_size, max_drafts + 1), 77, dtype=torch.int32)
     num_accepted = torch.full((batch_size,), 77, dtype=torch.int32)
     random = (case["temperature"], case["logits"], seed_tensor, seed_value, offset_tensor, offset_value)
-    scratch = (workspace, arrivals, output, num_accepted, num_splits)
+    scratch = (workspace, arrivals, output, num_accepted, num_splits, *sampling_parameters(case))
     if padded:
         p = padded_equivalent(case)
         torch.ops.specdec_C.chain_verify(p["draft_token_ids"], p["target"], p["draft"], p["num_draft_tokens"],
@@ -241,6 +248,21 @@ def test_host_program_packed_equals_padded(logits):
         for num_splits in (1, 2):
             assert_same(run_host(case, 5, index, num_splits), run_host(case, 5, index, num_splits, padded=True),
                         f"malformed cu={cu}")
+
+
+@needs_host_op
+@pytest.mark.parametrize("logits", [False, True], ids=["probs", "logits"])
+def test_host_program_sampling_parameters_packed_equals_padded(logits):
+    """top_k/top_p/min_p and bonus ids reach the packed layout's block program: it equals the padded one bit for
+    bit, and the reference with probabilities."""
+    counts = [3, 0, 4, 1, 4, 2, 2]
+    for index, parameters in enumerate(("all", "all+bonus", "bonus")):
+        case = packed_case(counts, 4, 1500, seed=60 + index, device="cpu", logits=logits, greedy=[5])
+        case.update(parameter_values(PARAMETER_SETS[parameters], len(counts), 1500, seed=index))
+        actual = run_host(case, 3, index)
+        assert_same(actual, run_host(case, 3, index, padded=True), f"{parameters}: packed vs padded")
+        if not logits:
+            assert_same(actual, run_padded(case, "reference", 3, index), f"{parameters}: vs reference")
 
 
 @needs_host_op

@@ -307,14 +307,6 @@ def test_tree_bonus_token_at_a_leaf_only(backend, device):
     assert output.cpu().tolist() == [[5, 6, 21], [9, -1, -1], [8, 23, -1]]
 
 
-def test_cuda_backend_refuses_the_parameters_and_auto_passes_over_it(device):
-    ids, target, draft, _, _ = chain_problem(torch.Generator().manual_seed(0), batch_size=2, vocab_size=50)
-    with pytest.raises(RuntimeError, match="cuda"):
-        sk.chain_verify(ids, target, draft, top_k=3, backend="cuda")
-    if device.type != "cuda":
-        sk.chain_verify(ids, target, draft, top_k=3, backend="auto")  # the reference on CPU
-
-
 @pytest.mark.parametrize("arguments, pattern", [
     (dict(top_k=torch.tensor([1, 2, 3])), r"`top_k` must have shape \[B\] = \[2\]; got \[3\]"),
     (dict(top_p=torch.tensor([0.5, 0.5], dtype=torch.float64)), r"`top_p` must have dtype float32"),

@@ -25,6 +25,14 @@ import specdec_kernels as sk
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
 from specdec_kernels.launchers.tree_verify import cuda_workspace_specs
 from specdec_kernels.reference import tree_verify as reference
+from sampling_parameter_cases import (
+    PARAMETER_SETS,
+    SAMPLING_PARAMETERS,
+    assert_logits_agree,
+    quantised,
+    sampling_parameters,
+    with_parameters,
+)
 from test_chain_verify_cuda import RANDOM_STATES, _wrap, random_state
 from test_tree_verify import check_structure, random_parents, random_problem, rejected_root_case, rows_after_rejections
 
@@ -77,14 +85,6 @@ def aligned_case(batch_size, tree_size, vocab_size, *, seed, draft_mode="without
     return dict(tree_token_ids=ids, parents=parents, target=target, draft=None if draft_mode is None else draft,
                 num_nodes=num_nodes, temperature=temperature, logits=False,
                 draft_sampling=draft_mode or "without_replacement")
-
-
-SAMPLING_PARAMETERS = ("top_k", "top_p", "min_p", "bonus_token_ids")
-
-
-def sampling_parameters(case):
-    """The case's top_k / top_p / min_p / bonus_token_ids (None where it has none)."""
-    return tuple(case.get(name) for name in SAMPLING_PARAMETERS)
 
 
 def run_reference(case, seed, offset):
@@ -169,22 +169,6 @@ def test_cuda_backend_is_registered_for_the_public_op():
 
     assert _backend.resolve("tree_verify", "cuda", torch.device("cuda")) == "cuda"
     assert _backend.resolve("tree_verify", "auto", torch.device("cuda")) == "cuda"
-
-
-@pytest.mark.skipif(not cuda_extension_available(), reason=f"CUDA extension not built: {extension_error()}")
-def test_auto_picks_cuda_for_trees_with_sampling_parameters():
-    """The tree kernel takes top_k/top_p/min_p/bonus ids; the chain kernels do not yet, so auto passes over them."""
-    from specdec_kernels import _backend, _validation
-
-    parameters = (torch.ones(1, dtype=torch.int32), None, None, None)
-    cuda = torch.device("cuda")
-    assert _validation.cuda_lacks("tree_verify", parameters) is None
-    assert _backend.resolve("tree_verify", "auto", cuda, cuda_lacks=_validation.cuda_lacks("tree_verify", parameters)) == "cuda"
-    for op_name in ("chain_verify", "chain_verify_packed"):
-        lacks = _validation.cuda_lacks(op_name, parameters)
-        assert lacks is not None
-        assert _validation.cuda_lacks(op_name, _validation.NO_SAMPLING_PARAMETERS) is None
-        assert _backend.resolve(op_name, "auto", cuda, cuda_lacks=lacks) != "cuda"
 
 
 # ---------------------------------------------------------------------------
@@ -361,42 +345,6 @@ def test_host_program_residual_rows_are_the_reference_normaliser(draft_mode):
 # ---------------------------------------------------------------------------
 # top_k / top_p / min_p and bonus_token_ids, the block program on the host.
 
-PARAMETER_SETS = {
-    "top_k": ("top_k",),
-    "top_p": ("top_p",),
-    "min_p": ("min_p",),
-    "all": ("top_k", "top_p", "min_p"),
-    "bonus": ("bonus_token_ids",),
-    "all+bonus": ("top_k", "top_p", "min_p", "bonus_token_ids"),
-}
-
-
-def with_parameters(case, names, seed):
-    """``case`` with per-request values of the parameters ``names``, off values and extremes mixed in:
-    top_k in {0 (off), 1, 2, 5, 40, V - 1, V (off)}, top_p in {1 (off), 0 (the largest and its ties), 0.3, 0.9,
-    0.999, NaN (off)}, min_p in {0 (off), 0.05, 0.5, 1}; int32 or int64 top_k and bonus ids by the seed's parity."""
-    generator = torch.Generator().manual_seed(seed)
-    batch_size, _, vocab_size = case["target"].shape
-    index_dtype = torch.int64 if seed % 2 else torch.int32
-
-    def pick(values, dtype):
-        return torch.tensor(values, dtype=dtype)[torch.randint(0, len(values), (batch_size,), generator=generator)]
-
-    values = {
-        "top_k": lambda: pick([0, 1, 2, 5, 40, vocab_size - 1, vocab_size], index_dtype),
-        "top_p": lambda: pick([1.0, 0.0, 0.3, 0.9, 0.999, float("nan")], torch.float32),
-        "min_p": lambda: pick([0.0, 0.05, 0.5, 1.0], torch.float32),
-        "bonus_token_ids": lambda: torch.randint(0, vocab_size, (batch_size,), generator=generator, dtype=index_dtype),
-    }
-    device = case["target"].device
-    return {**case, **{name: values[name]().to(device) for name in names}}
-
-
-def quantised(case, levels=20):
-    """The target rounded to multiples of 1 / levels: many ties at every threshold."""
-    return {**case, "target": torch.round(case["target"] * levels) / levels}
-
-
 @needs_op
 @pytest.mark.parametrize("parameters", list(PARAMETER_SETS))
 @pytest.mark.parametrize("draft_mode", DRAFT_MODES)
@@ -484,10 +432,7 @@ def test_host_program_sampling_parameters_logits_agree(draft_mode):
         case = make_case(16, 8, vocab_size, seed=90 + index, draft_mode=draft_mode, logits=True, bushy=bushy)
         case = with_parameters(case, PARAMETER_SETS["all+bonus"], seed=index)
         rates.append(agreement(run_op(case, 3, index), run_reference(case, 3, index)))
-    print(f"host logits agreement with the reference, sampling parameters on (draft={draft_mode}): {rates}")
-    # As test_host_program_logits_agree: the softmax rounds differently from torch's, so a token within an
-    # ulp of a threshold or an acceptance test may go the other way.
-    assert min(rates) >= 0.9 and sum(rates) / len(rates) >= 0.95
+    assert_logits_agree(rates, f"draft={draft_mode}")
 
 
 @needs_op

@@ -287,16 +287,9 @@ def _cuda_outputs_and_workspace(batch_size, max_drafts, vocab_size, logits, devi
     return (output, num_accepted, *scratch.values())
 
 
-def refuse_sampling_parameters(sampling_parameters):
-    """The CUDA chain kernels have no top_k/top_p/min_p/bonus ids yet (the public ops resolve past them)."""
-    if any(value is not None for value in sampling_parameters):
-        raise RuntimeError("the CUDA kernel does not implement top_k/top_p/min_p/bonus_token_ids yet; "
-                           "use backend='triton' or 'auto'")
-
-
 def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-                      seed_tensor, seed, offset_tensor, offset, *sampling_parameters):
-    refuse_sampling_parameters(sampling_parameters)
+                      seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
+                      bonus_token_ids=None):
     batch_size, rows_per_request, vocab_size = target.shape
     output, num_accepted, workspace, arrivals = _cuda_outputs_and_workspace(
         batch_size, rows_per_request - 1, vocab_size, logits, target.device)
@@ -304,13 +297,14 @@ def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperat
         torch.ops.specdec_C.chain_verify(
             draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
             seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
+            top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids,
         )
     return output, num_accepted
 
 
 def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
-                             seed_tensor, seed, offset_tensor, offset, *sampling_parameters):
-    refuse_sampling_parameters(sampling_parameters)
+                             seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
+                             bonus_token_ids=None):
     batch_size = cu_num_draft_tokens.shape[0] - 1
     output, num_accepted, workspace, arrivals = _cuda_outputs_and_workspace(
         batch_size, max_drafts, target.shape[-1], logits, target.device)
@@ -318,5 +312,6 @@ def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft
         torch.ops.specdec_C.chain_verify_packed(
             draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
             seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
+            top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids,
         )
     return output, num_accepted

@@ -120,7 +120,7 @@ def chain_verify(
     num_draft_tokens = check.counts("num_draft_tokens", num_draft_tokens, batch_size)
     temperature = check_sampling_arguments(check, batch_size, vocab_size, temperature, logits, seed, offset)
     sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
-    resolved = _backend.resolve(OP_NAME, backend, target.device, cuda_lacks=_validation.cuda_lacks(OP_NAME, sampling_parameters))
+    resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
         _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab_size)
         check.sampling_values(temperature, logits, {"target": target, "draft": draft})

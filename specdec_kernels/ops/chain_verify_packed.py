@@ -113,7 +113,7 @@ def chain_verify_packed(
         check.fail(f"`max_num_draft_tokens` must be >= 0; got {max_drafts}")
     temperature = check_sampling_arguments(check, batch_size, vocab_size, temperature, logits, seed, offset)
     sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
-    resolved = _backend.resolve(OP_NAME, backend, target.device, cuda_lacks=_validation.cuda_lacks(OP_NAME, sampling_parameters))
+    resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
         _validate_values(check, draft_token_ids, cu_num_draft_tokens, max_drafts, vocab_size)
         check.sampling_values(temperature, logits, {"target": target, "draft": draft})

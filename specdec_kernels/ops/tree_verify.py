@@ -101,7 +101,7 @@ def tree_verify(
     check.choice("draft_sampling", draft_sampling, DRAFT_SAMPLING)
     check.random_state(batch_size, seed, offset)
     sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
-    resolved = _backend.resolve(OP_NAME, backend, target.device, cuda_lacks=_validation.cuda_lacks(OP_NAME, sampling_parameters))
+    resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
         try:
             reference.validate_tree(parents, num_nodes, tree_token_ids, vocab_size)

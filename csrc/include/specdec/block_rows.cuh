@@ -130,6 +130,20 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_span(const Prob* values, int64
   for (int j = 0; j < kPerThread; ++j) out[j] = first + j < vocab_size ? to_float(values[first + j]) : 0.0f;
 }
 
+// An input row's probabilities [first, first + kPerThread), 0 past the
+// vocabulary: the values themselves, or softmax(x / T) from the row's
+// statistics with logits.
+template <int kPerThread, class Prob>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_probability_span(const Prob* values, int64_t first,
+                                                                   int64_t vocab_size, bool logits,
+                                                                   const SoftmaxStats& stats, float temperature,
+                                                                   float (&out)[kPerThread]) {
+  load_span(values, first, vocab_size, out);
+  if (!logits) return;
+  SPECDEC_UNROLL
+  for (int j = 0; j < kPerThread; ++j) out[j] = first + j < vocab_size ? softmax_prob(out[j], stats, temperature) : 0.0f;
+}
+
 // Samples chunks [chunk_lo, chunk_hi) of the row (sampling.cuh): writes each
 // chunk's totals and candidates. kWays == 2 after a rejection: way 0 the
 // residual, way 1 p (the fallback); kWays == 1: way 0 is p.

@@ -57,6 +57,16 @@
 // The ticket and the flag sit at fixed words, not after the last request: a
 // flag left set must never become a later, larger batch's arrival counter.
 //
+// Top-k, top-p and min-p (reference _truncation.py): a threshold needs the
+// whole row, so when any of the three is given the plan has one split, and
+// a sampled request with a parameter on walks its rows (walk_rows): row i's
+// softmax statistics (logits), its threshold and reciprocal by the radix
+// search of truncation.cuh in shared memory, then test i with the truncated
+// p(t); the sample pass over row `stop` reads p truncated the same way. Only
+// rows 0..stop get a threshold. Requests with every parameter off take the
+// paths above (one split). bonus_token_ids: a request that accepts all n
+// drafts emits its bonus id; no block reads, records or samples row n.
+//
 // Values never cause an out-of-bounds access: draft ids outside [0, V) are
 // rejections and are never gathered, num_draft_tokens is clamped to [0, K],
 // and only rows 0..n are read. Every offset is int64.
@@ -118,7 +128,11 @@ struct ChainVerifyArgs {
   int64_t* workspace = nullptr;     // see above; at least chain_verify_chunk_words(B, V)
   int64_t workspace_words = 0;
   int32_t* counters = nullptr;  // [2 + B]: ticket, error flag, arrivals
-  int64_t requested_splits = 0;  // 0: the launcher's choice
+  IndexTensor top_k;             // [B] int32/int64, or data nullptr: off
+  const float* top_p = nullptr;  // [B] or nullptr: off
+  const float* min_p = nullptr;  // [B] or nullptr: off
+  IndexTensor bonus_token_ids;   // [B] int32/int64, or data nullptr: sample the bonus row
+  int64_t requested_splits = 0;  // 0: the launcher's choice; ignored (1) with top_k/top_p/min_p
   int64_t batch_size = 0;
   int32_t max_drafts = 0;  // K
   int32_t vocab_size = 0;  // 1 <= V <= 2**30
@@ -153,8 +167,11 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE ChainVerifyPlan plan_chain_verify(const 
   plan.num_chunks = chain_verify_num_chunks(args.vocab_size);
   const int64_t stats_words = 2 * (args.workspace_words - chain_verify_chunk_words(args.batch_size, args.vocab_size));
   const int64_t capacity = stats_words / (args.batch_size * chain_verify_stats_words(args.max_drafts));
+  // A truncation threshold needs the whole row: one block per request.
+  const bool truncation_given = args.top_k.data != nullptr || args.top_p != nullptr || args.min_p != nullptr;
   int64_t wanted =
       args.requested_splits > 0 ? args.requested_splits : (target_blocks + args.batch_size - 1) / args.batch_size;
+  wanted = truncation_given ? 1 : wanted;
   wanted = wanted < plan.num_chunks ? wanted : plan.num_chunks;
   wanted = wanted < capacity ? wanted : capacity;
   wanted = wanted > 1 ? wanted : 1;
@@ -194,8 +211,9 @@ namespace chain_verify_detail {
 template <class Prob, class Token>
 __global__ void __launch_bounds__(DeviceBlock::kThreads, 2) chain_verify_kernel(const ChainVerifyParams params) {
   __shared__ DeviceBlock::Shared shared;
+  __shared__ TruncationHistogram histogram;
   const DeviceBlock block = {&shared};
-  chain_verify_block<DeviceBlock, Prob, Token>(block, params, static_cast<int64_t>(blockIdx.x));
+  chain_verify_block<DeviceBlock, Prob, Token>(block, params, static_cast<int64_t>(blockIdx.x), &histogram);
 }
 #endif  // __CUDACC__
 

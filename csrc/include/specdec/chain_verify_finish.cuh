@@ -45,18 +45,22 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool greedy_accepts(int64_t draft_token,
   return greedy >= 0 && draft_token == greedy;
 }
 
+// The acceptance test of `position` from its rows' statistics (logits) and
+// the target row's truncation (off: the row as given).
 template <class Prob, class Token>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool logits_accepts(const Request<Prob, Token>& request,
-                                                            const RequestKey& key, int64_t position,
-                                                            const StatsPair& stats) {
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool row_accepts(const Request<Prob, Token>& request, const RequestKey& key,
+                                                         int64_t position, bool logits, const StatsPair& stats,
+                                                         const Truncation& truncation) {
   const int64_t token_id = request.token(position);
   if (!request.valid(token_id)) return false;
-  const float target_prob = softmax_prob(to_float(request.target_row(position)[token_id]), stats.target,
-                                         request.temperature);
-  const float draft_prob = request.draft == nullptr
-                               ? 1.0f
-                               : softmax_prob(to_float(request.draft_row(position)[token_id]), stats.draft,
-                                              request.temperature);
+  const float target_value = to_float(request.target_row(position)[token_id]);
+  const float target_prob = truncated_probability(
+      logits ? softmax_prob(target_value, stats.target, request.temperature) : target_value, truncation);
+  float draft_prob = 1.0f;
+  if (request.draft != nullptr) {
+    draft_prob = to_float(request.draft_row(position)[token_id]);
+    if (logits) draft_prob = softmax_prob(draft_prob, stats.draft, request.temperature);
+  }
   const float uniform = uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(position), 0u).w0);
   return accept(uniform, draft_prob, target_prob);
 }
@@ -74,26 +78,48 @@ SPECDEC_HOST_DEVICE int64_t decide_logits_from_slots(const Block& block, const R
     if (request.draft != nullptr) {
       stats.draft = merged_stats(block, slots, num_splits, position, kDraftMax, request.temperature);
     }
-    if (!logits_accepts(request, key, position, stats)) stop = MinInt64()(stop, position);
+    if (!row_accepts(request, key, position, true, stats, no_truncation())) stop = MinInt64()(stop, position);
   }
   return block.block_all_reduce(stop, MinInt64());
 }
 
 struct Decision {
   int64_t stop;
-  StatsPair stats;  // logits: of row `stop` (the draft's only when stop < n)
+  StatsPair stats;        // logits: of row `stop` (the draft's only when stop < n)
+  Truncation truncation;  // of target row `stop` when the request truncates
 };
 
-// Logits, one split: statistics of row i, test i, next row; reads target
-// rows 0..stop and draft rows 0..min(stop, n - 1).
+// Elements per thread and step of a truncation search's reads.
+constexpr int kTruncationSpan = 4;
+
+// One split, logits or a truncated target: row i's statistics, then its
+// truncation (reference _truncation.py, truncation.cuh), then test i, then
+// the next row. Reads target rows 0..stop and draft rows 0..min(stop, n - 1);
+// not the bonus row when the engine gives the bonus token. `histogram` is
+// the block's shared memory for the search.
 template <class Block, class Prob, class Token>
-SPECDEC_HOST_DEVICE Decision walk_logits(const Block& block, const Request<Prob, Token>& request,
-                                         const RequestKey& key) {
+SPECDEC_HOST_DEVICE Decision walk_rows(const Block& block, const Request<Prob, Token>& request, const RequestKey& key,
+                                       bool logits, TruncationHistogram* histogram) {
   for (int64_t row = 0;; ++row) {
-    const bool with_draft = request.draft != nullptr && row < request.num_drafts;
-    const StatsPair stats = slice_stats(block, request.target_row(row), with_draft ? request.draft_row(row) : nullptr,
-                                        0, request.vocab_size, request.temperature);
-    if (row == request.num_drafts || !logits_accepts(request, key, row, stats)) return {row, stats};
+    Decision decision = {row, {empty_stats(), empty_stats()}, no_truncation()};
+    if (row == request.num_drafts && request.has_bonus) return decision;
+    if (logits) {
+      const bool with_draft = request.draft != nullptr && row < request.num_drafts;
+      decision.stats = slice_stats(block, request.target_row(row), with_draft ? request.draft_row(row) : nullptr, 0,
+                                   request.vocab_size, request.temperature);
+    }
+    if (request.truncating) {
+      const Prob* target = request.target_row(row);
+      decision.truncation = row_truncation<kTruncationSpan>(
+          block, histogram, request.truncation, request.vocab_size,
+          [&](int64_t first, float (&out)[kTruncationSpan]) {
+            load_probability_span(target, first, request.vocab_size, logits, decision.stats.target,
+                                  request.temperature, out);
+          });
+    }
+    if (row == request.num_drafts || !row_accepts(request, key, row, logits, decision.stats, decision.truncation)) {
+      return decision;
+    }
   }
 }
 
@@ -102,10 +128,12 @@ struct Outcome {
   int64_t token;
 };
 
-// Greedy, one split: argmax of row i, test i, next row; reads rows 0..stop.
+// Greedy, one split: argmax of row i, test i, next row; reads rows 0..stop
+// (not the bonus row when the engine gives the bonus token).
 template <class Block, class Prob, class Token>
 SPECDEC_HOST_DEVICE Outcome walk_greedy(const Block& block, const Request<Prob, Token>& request, bool logits) {
   for (int64_t row = 0;; ++row) {
+    if (row == request.num_drafts && request.has_bonus) return {row, request.bonus_token};
     const int64_t token = greedy_token(slice_argmax(block, request.target_row(row), 0, request.vocab_size), logits);
     if (row == request.num_drafts || !greedy_accepts(request.token(row), token)) return {row, token};
   }
@@ -122,6 +150,7 @@ SPECDEC_HOST_DEVICE Outcome finish_greedy(const Block& block, const Request<Prob
     if (!greedy_accepts(request.token(position), token)) stop = MinInt64()(stop, position);
   }
   stop = block.block_all_reduce(stop, MinInt64());
+  if (stop == request.num_drafts && request.has_bonus) return {stop, request.bonus_token};  // row n has no slots
   return {stop, greedy_token(merged_argmax(block, slots, num_splits, stop), logits)};  // every warp, same bits
 }
 
@@ -167,8 +196,8 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RequestRows request_rows(const ChainVeri
 // One block: its role (wave, request, split) from its linear id, or from a
 // ticket when some blocks wait on others (chain_verify.cuh, "Waiting").
 template <class Block, class Prob, class Token>
-SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerifyParams& params,
-                                            int64_t block_index) {
+SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerifyParams& params, int64_t block_index,
+                                            TruncationHistogram* histogram) {
   const ChainVerifyArgs& args = params.args;
   const ChainVerifyPlan& plan = params.plan;
   const int64_t num_splits = plan.num_splits;
@@ -209,6 +238,13 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   const int64_t num_drafts = rows.num_drafts;
   request.num_drafts = num_drafts;
   request.vocab_size = args.vocab_size;
+  request.truncation = load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size);
+  // Greedy requests ignore the parameters (the argmax is always kept).
+  request.truncating = !request.greedy && request.truncation.any();
+  request.has_bonus = args.bonus_token_ids.data != nullptr;
+  request.bonus_token = request.has_bonus ? args.bonus_token_ids[b] : -1;
+  // Rows whose statistics the slices record: not the bonus row when the engine gives the bonus token.
+  const int64_t last_recorded_row = request.has_bonus ? num_drafts - 1 : num_drafts;
 
   const ChunkSlots chunk_slots = {args.workspace + 3 * b * plan.num_chunks};
   const int64_t stats_words = chain_verify_stats_words(max_drafts);
@@ -228,7 +264,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
       return;
     }
     if (wave == 0) {
-      for (int64_t row = 0; row <= num_drafts; ++row) {
+      for (int64_t row = 0; row <= last_recorded_row; ++row) {
         const ArgBest best = slice_argmax(block, request.target_row(row), vocab_lo, vocab_hi);
         if (block.thread() == 0) {
           *stat_slots.field(split, row, kArgMaxValue) = float_as_word(best.value);
@@ -244,7 +280,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   }
 
   if (plan.two_waves && wave == 0) {
-    for (int64_t row = 0; row <= num_drafts; ++row) {
+    for (int64_t row = 0; row <= last_recorded_row; ++row) {
       const bool with_draft = request.draft != nullptr && row < num_drafts;
       const StatsPair stats = slice_stats(block, request.target_row(row), with_draft ? request.draft_row(row) : nullptr,
                                           vocab_lo, vocab_hi, request.temperature);
@@ -260,22 +296,27 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   }
 
   const RequestKey key = load_request_key(args.rng, b);
-  Decision decision = {num_drafts, {empty_stats(), empty_stats()}};
-  if (!args.logits) {
+  Decision decision = {num_drafts, {empty_stats(), empty_stats()}, no_truncation()};
+  if (args.logits ? num_splits == 1 : request.truncating) {
+    decision = walk_rows(block, request, key, args.logits, histogram);  // one split: the plan's with truncation
+  } else if (!args.logits) {
     decision.stop = decide_probabilities(block, request, key);
-  } else if (num_splits == 1) {
-    decision = walk_logits(block, request, key);
   } else {
     // Wave 1's statistics: a failed (bounded) wait has set the error flag;
     // the block goes on with whatever it reads rather than hang.
     block.wait_at_least(arrivals, static_cast<int32_t>(num_splits), error);
     decision.stop = decide_logits_from_slots(block, request, key, stat_slots, num_splits);
-    decision.stats.target = merged_stats(block, stat_slots, num_splits, decision.stop, kTargetMax, request.temperature);
+    const bool bonus_row = decision.stop == num_drafts && request.has_bonus;  // no slots: no sample either
+    if (!bonus_row) {
+      decision.stats.target = merged_stats(block, stat_slots, num_splits, decision.stop, kTargetMax,
+                                           request.temperature);
+    }
     if (request.draft != nullptr && decision.stop < num_drafts) {
       decision.stats.draft = merged_stats(block, stat_slots, num_splits, decision.stop, kDraftMax, request.temperature);
     }
   }
   const int64_t stop = decision.stop;
+  const bool takes_bonus = stop == num_drafts && request.has_bonus;
   // After the rejection of a valid id the emitted token comes from the
   // residual; otherwise (bonus row, invalid id) from p.
   const int64_t stop_token = stop < num_drafts ? request.token(stop) : -1;
@@ -289,15 +330,16 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   row.temperature = request.temperature;
   row.target_stats = decision.stats.target;
   row.draft_stats = decision.stats.draft;
-  row.target_truncation = no_truncation();  // top-k/top-p/min-p: not in the chain kernel yet
+  row.target_truncation = decision.truncation;
   if (subtract) {
     sample_slice<2>(block, row, key, args.vocab_size, chunk_lo, chunk_hi, chunk_slots);
-  } else {
+  } else if (!takes_bonus) {
     sample_slice<1>(block, row, key, args.vocab_size, chunk_lo, chunk_hi, chunk_slots);
   }
   if (block.arrive(arrivals) != arrivals_per_call - 1) return;
   block.reset(arrivals);
-  const int64_t token = finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);
+  const int64_t token = takes_bonus ? request.bonus_token
+                                    : finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);
   write_outputs(block, request, max_drafts, {stop, token}, output_row, args.num_accepted + b);
 }
 

@@ -35,6 +35,10 @@ struct Request {
   float temperature;   // > 0 (1 for greedy requests and without temperatures)
   bool greedy;
   int64_t vocab_size;
+  TruncationParameters truncation;  // top_k/top_p/min_p of this request
+  bool truncating;                  // sampled with a parameter on: every target row it reads is truncated
+  bool has_bonus;                   // bonus_token_ids given: emitted when all n drafts are accepted
+  int64_t bonus_token;
 
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t token(int64_t position) const {
     return static_cast<int64_t>(ids[position * ids_stride]);

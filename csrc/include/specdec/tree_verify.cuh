@@ -201,11 +201,7 @@ struct Row {
       load_span(normalised, first, vocab_size, out);
       return;
     }
-    load_span(input, first, vocab_size, out);
-    if (logits) {
-      SPECDEC_UNROLL
-      for (int j = 0; j < kSpan; ++j) out[j] = first + j < vocab_size ? softmax_prob(out[j], stats, temperature) : 0.0f;
-    }
+    load_probability_span(input, first, vocab_size, logits, stats, temperature, out);
     SPECDEC_UNROLL
     for (int j = 0; j < kSpan; ++j) out[j] = truncated_probability(out[j], truncation);
   }
