@@ -26,8 +26,9 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
 from test_tree_attention import (ODD_SIZES, OUTSIDE_CONTRACT, against_reference, ancestor_bits, bad_block_ids_case,
-                                 check_bad_block_ids_outcome, check_error, long_context_case, make_inputs,
-                                 narrow_table_case, odd_size_case, outside_contract_case, pack_bits, strided_case)
+                                 check_bad_block_ids_outcome, check_error, check_in_a_cuda_graph, long_context_case,
+                                 make_inputs, narrow_table_case, odd_size_case, outside_contract_case, pack_bits,
+                                 strided_case)
 
 HAS_OP = cuda_extension_available() and "tree_attention" in extension_ops()
 needs_op = pytest.mark.skipif(
@@ -216,3 +217,8 @@ def test_auto_keeps_triton_on_gpu_tensors():
     assert _backend.resolve("tree_attention", "cuda", torch.device("cuda")) == "cuda"
     expected = "triton" if _backend.available("tree_attention", "triton", torch.device("cuda")) else "cuda"
     assert _backend.resolve("tree_attention", "auto", torch.device("cuda")) == expected
+
+
+@needs_gpu
+def test_captured_in_a_cuda_graph_with_a_split():
+    check_in_a_cuda_graph("cuda", torch.device("cuda"))

@@ -15,8 +15,9 @@ import torch
 import specdec_kernels as sk
 from conftest import backend_or_skip
 from test_tree_attention import (ODD_SIZES, OUTSIDE_CONTRACT, against_reference, ancestor_bits,
-                                 check_against_float64, check_error, long_context_case, make_inputs,
-                                 narrow_table_case, odd_size_case, outside_contract_case, pack_bits, strided_case)
+                                 check_against_float64, check_error, check_in_a_cuda_graph, long_context_case,
+                                 make_inputs, narrow_table_case, odd_size_case, outside_contract_case, pack_bits,
+                                 strided_case)
 
 
 @pytest.fixture(autouse=True)
@@ -113,31 +114,6 @@ def test_reads_no_tensor_value_on_the_host(device, monkeypatch):
 
 
 def test_captured_in_a_cuda_graph_with_a_split(device):
-    """No host read on the Triton path: one request over a long prefix (it
-    splits, so both launches are captured) is replayed with new prefix
-    lengths and queries."""
     if device.type != "cuda":
         pytest.skip("CUDA graphs need a GPU")
-    generator = torch.Generator().manual_seed(17)
-    prefix_lens = torch.tensor([3000], dtype=torch.int32)
-    q, k_cache, v_cache, block_tables, prefix_lens, _ = make_inputs(
-        generator, 1, 8, 32, 8, 128, torch.bfloat16, 16, prefix_lens
-    )
-    tree_mask = pack_bits(ancestor_bits(generator, 1, 8))
-    q, k_cache, v_cache, block_tables, prefix_lens, tree_mask = (
-        t.to(device) for t in (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask))
-    capture_stream = torch.cuda.Stream()
-    with torch.cuda.stream(capture_stream):  # compile outside the capture
-        sk.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, backend="triton")
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=capture_stream):
-        out = sk.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, backend="triton")
-    for prefix in (3000, 17, 0):
-        prefix_lens.fill_(prefix)
-        q.normal_()
-        graph.replay()
-        # The kernel is deterministic: a replay equals an eager call bit for bit
-        # (accuracy is the other tests' business).
-        eager = sk.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, backend="triton")
-        assert torch.equal(out, eager)
+    check_in_a_cuda_graph("triton", device)
