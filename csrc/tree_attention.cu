@@ -87,10 +87,22 @@ int64_t tile_rows(int64_t head_dim) {
   return (Block::kThreads / Block::kWarpSize) * tree_attention_detail::rows_per_warp(static_cast<int>(head_dim));
 }
 
+// Whether every head of `cache` is contiguous and starts on a 16-byte
+// boundary (`element_bytes` divides 16).
+bool heads_in_16_bytes(const StridedValues& cache, int64_t element_bytes) {
+  const int64_t per_load = 16 / element_bytes;
+  return cache.stride[3] == 1 && cache.stride[0] % per_load == 0 && cache.stride[1] % per_load == 0 &&
+         cache.stride[2] % per_load == 0 && reinterpret_cast<uintptr_t>(cache.data) % 16 == 0;
+}
+
+int64_t element_bytes(AttentionDtype dtype) { return dtype == AttentionDtype::kFloat32 ? 4 : 2; }
+
 template <class Block>
 TreeAttentionArgs plan(const TreeAttentionArgs& args) {
   TreeAttentionArgs planned = args;
   planned.row_tiles = cdiv(args.max_nodes * (args.num_q_heads / args.num_kv_heads), tile_rows<Block>(args.head_dim));
+  const int64_t bytes = element_bytes(args.dtype);
+  planned.cache_loads_16_bytes = heads_in_16_bytes(args.k_cache, bytes) && heads_in_16_bytes(args.v_cache, bytes);
   return planned;
 }
 

@@ -162,6 +162,28 @@ def test_strided_views_are_read_in_place(runner):
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("layout", ["one element into the storage", "every other element"])
+def test_caches_not_read_16_bytes_at_a_time(layout, runner):
+    """Caches whose heads are not 16-byte aligned or not contiguous are read
+    element by element: the same bits as the 16-byte loads of dense copies."""
+    inputs, tree_bits, num_nodes = odd_size_case(*ODD_SIZES[2])
+    q, k_cache, v_cache, block_tables, prefix_lens = inputs
+    tree_mask = pack_bits(tree_bits)
+
+    def relaid(cache):
+        if layout == "every other element":
+            store = torch.zeros(*cache.shape[:-1], 2 * cache.shape[-1], dtype=cache.dtype)
+            store[..., ::2] = cache
+            return store[..., ::2]
+        store = torch.zeros(cache.numel() + 1, dtype=cache.dtype)
+        store[1:] = cache.flatten()
+        return store[1:].view(cache.shape)
+
+    element_wise = run(runner, q, relaid(k_cache), relaid(v_cache), block_tables, prefix_lens, tree_mask, num_nodes)
+    assert torch.equal(element_wise, run(runner, *inputs, tree_mask, num_nodes))
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_int64_index_tensors(runner):
     inputs, tree_bits, num_nodes = odd_size_case(*ODD_SIZES[2])
     q, k_cache, v_cache, block_tables, prefix_lens = inputs

@@ -121,6 +121,12 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float exp2_f32(float x) {
 #endif
 }
 
+// 16-byte unit; 16-byte aligned, so the device moves it with one vector
+// load or store (compact_kv's widest unit, tree_attention's cache loads).
+struct alignas(16) Bytes16 {
+  uint64_t low, high;
+};
+
 // 16-bit storage types (bit patterns; no cuda_fp16.h / cuda_bf16.h needed).
 struct BFloat16 {
   uint16_t bits;

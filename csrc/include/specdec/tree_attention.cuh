@@ -21,7 +21,8 @@
 //   1. the first warp-size threads locate their key: block id and slot
 //      through the block table, or "not stored" (-1);
 //   2. the block loads K and V of the tile (zeros where not stored, so an
-//      invisible key contributes exactly 0, never NaN);
+//      invisible key contributes exactly 0, never NaN), 16 bytes a load when
+//      the caches' heads are contiguous and 16-byte aligned;
 //   3. warp w owns rows w, w + warps, ...; lane n scores key n against each
 //      of its rows (the query tile is read by broadcast; K rows are padded
 //      to D + 1 floats so the 32 lanes hit 32 banks), the warp reduces the
@@ -59,6 +60,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include <cuda_runtime_api.h>
 
@@ -98,6 +100,9 @@ struct TreeAttentionArgs {
   int64_t batch_size = 0, max_nodes = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   int64_t num_blocks = 0, block_size = 1, max_blocks = 0;
   int block_size_log2 = 0;  // block_size is a power of two
+  // Set by the launchers: both caches have unit-stride rows whose heads start
+  // on 16-byte boundaries, so K and V are read 16 bytes at a time.
+  bool cache_loads_16_bytes = false;
   int64_t num_splits = 1;   // the launchers' plan (tree_attention_num_splits)
   int64_t row_tiles = 1;    // set by the launchers
 };
@@ -193,6 +198,52 @@ struct RowTile {
   SPECDEC_HOST_DEVICE int64_t head(int row) const { return kv_head * group + (first_row + row) % group; }
 };
 
+// `kPerLoad` consecutive elements of a head at `address`: one element, or a
+// 16-byte load (the launcher checked alignment and unit strides).
+template <class Value, int kPerLoad>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_elements(const Value* address, Value (&elements)[kPerLoad]) {
+  if constexpr (kPerLoad == 1) {
+    elements[0] = *address;
+  } else {
+    static_assert(kPerLoad * sizeof(Value) == sizeof(Bytes16), "a load is 16 bytes");
+    const Bytes16 unit = *reinterpret_cast<const Bytes16*>(address);
+    memcpy(elements, &unit, sizeof(unit));
+  }
+}
+
+// Phase 2: the tile's K and V into shared memory as float32, zeros where
+// not stored; `kPerLoad` elements of each cache per load.
+template <class Block, class Value, int kHeadDim, int kPerLoad>
+SPECDEC_HOST_DEVICE void load_key_tile(const Block& block, const TreeAttentionArgs& args, const SharedTiles& tiles,
+                                       int64_t kv_head) {
+  using Shape = TileShape<Block, kHeadDim>;
+  constexpr int kLoadsPerHead = kHeadDim / kPerLoad;
+  static_assert(kLoadsPerHead * kPerLoad == kHeadDim, "whole loads per head");
+  const Value* k_cache = static_cast<const Value*>(args.k_cache.data);
+  const Value* v_cache = static_cast<const Value*>(args.v_cache.data);
+  for (int load = block.thread(); load < Shape::kKeys * kLoadsPerHead; load += Block::kThreads) {
+    const int key = load / kLoadsPerHead;
+    const int first_dim = (load - key * kLoadsPerHead) * kPerLoad;
+    const int64_t block_id = tiles.key_block[key];
+    const int64_t slot = tiles.key_slot[key];
+    Value k[kPerLoad];
+    Value v[kPerLoad];
+    if (block_id >= 0) {
+      load_elements<Value, kPerLoad>(k_cache + block_id * args.k_cache.stride[0] + slot * args.k_cache.stride[1] +
+                                         kv_head * args.k_cache.stride[2] + first_dim * args.k_cache.stride[3],
+                                     k);
+      load_elements<Value, kPerLoad>(v_cache + block_id * args.v_cache.stride[0] + slot * args.v_cache.stride[1] +
+                                         kv_head * args.v_cache.stride[2] + first_dim * args.v_cache.stride[3],
+                                     v);
+    }
+    SPECDEC_UNROLL
+    for (int e = 0; e < kPerLoad; ++e) {
+      tiles.k[key * Shape::kKeyStride + first_dim + e] = block_id >= 0 ? to_float(k[e]) : 0.0f;
+      tiles.v[key * kHeadDim + first_dim + e] = block_id >= 0 ? to_float(v[e]) : 0.0f;
+    }
+  }
+}
+
 // Phases 1-4 of the design for one key tile: `count` keys at positions
 // first_position + n; `tree_start` >= 0 marks the tree block (key n is
 // node tree_start + n, visible to a row iff its mask bit is set).
@@ -227,23 +278,11 @@ SPECDEC_HOST_DEVICE void fold_key_tile(const Block& block, const TreeAttentionAr
   block.sync();  // also: the previous tile's phase 4 is done with V and the weights
 
   // 2. K and V as float32; zeros where not stored.
-  const Value* k_cache = static_cast<const Value*>(args.k_cache.data);
-  const Value* v_cache = static_cast<const Value*>(args.v_cache.data);
-  for (int element = thread; element < Shape::kKeys * kHeadDim; element += Block::kThreads) {
-    const int key = element / kHeadDim;
-    const int dim = element - key * kHeadDim;
-    const int64_t block_id = tiles.key_block[key];
-    float k = 0.0f;
-    float v = 0.0f;
-    if (block_id >= 0) {
-      const int64_t slot = tiles.key_slot[key];
-      k = to_float(k_cache[block_id * args.k_cache.stride[0] + slot * args.k_cache.stride[1] +
-                           tile.kv_head * args.k_cache.stride[2] + dim * args.k_cache.stride[3]]);
-      v = to_float(v_cache[block_id * args.v_cache.stride[0] + slot * args.v_cache.stride[1] +
-                           tile.kv_head * args.v_cache.stride[2] + dim * args.v_cache.stride[3]]);
-    }
-    tiles.k[key * Shape::kKeyStride + dim] = k;
-    tiles.v[key * kHeadDim + dim] = v;
+  if (args.cache_loads_16_bytes) {
+    load_key_tile<Block, Value, kHeadDim, static_cast<int>(sizeof(Bytes16) / sizeof(Value))>(block, args, tiles,
+                                                                                              tile.kv_head);
+  } else {
+    load_key_tile<Block, Value, kHeadDim, 1>(block, args, tiles, tile.kv_head);
   }
   block.sync();
 
@@ -416,8 +455,16 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void merge_element(const TreeAttentionAr
 }
 
 #if defined(__CUDACC__)
+// Blocks per SM the registers must allow. ptxas -v, sm_80 and sm_90a
+// (CUDA 13.0): at 2 (a 128-register cap) D = 256 fits in every dtype
+// without spills, and its 101 KB of shared memory lets 2 blocks share an
+// H100/H200 SM; D = 64 and 128 spill there in some dtypes (up to 80 bytes),
+// so they take 1 (154-192 registers, no spills). Occupancy is not tuned:
+// nothing has been timed on a GPU yet.
+constexpr int min_blocks_per_multiprocessor(int head_dim) { return head_dim == 256 ? 2 : 1; }
+
 template <class Value, int kHeadDim>
-__global__ void __launch_bounds__(DeviceBlock::kThreads) tree_attention_kernel(const TreeAttentionArgs args) {
+__global__ void __launch_bounds__(DeviceBlock::kThreads, min_blocks_per_multiprocessor(kHeadDim)) tree_attention_kernel(const TreeAttentionArgs args) {
   extern __shared__ __align__(16) unsigned char tree_attention_tiles[];
   // The program uses sync() and warp_all_reduce() only, which need no
   // DeviceBlock::Shared.
