@@ -52,7 +52,8 @@ int64_t multiprocessor_count() {
   return count;
 }
 
-// Calls body(Value{}, std::integral_constant<int, D>{}) for the args' dtype and head dim.
+// Calls body(Value{}, std::integral_constant<int, D>{}) for the args' dtype
+// and head dim (one of tree_attention_supports_head_dim's).
 template <class Body>
 void dispatch_tree_attention(const TreeAttentionArgs& args, Body&& body) {
   const auto with_dim = [&](auto value) {
@@ -63,7 +64,7 @@ void dispatch_tree_attention(const TreeAttentionArgs& args, Body&& body) {
       case 128:
         body(value, std::integral_constant<int, 128>{});
         break;
-      default:
+      case 256:
         body(value, std::integral_constant<int, 256>{});
         break;
     }
@@ -142,6 +143,7 @@ int64_t tree_attention_num_splits(const TreeAttentionArgs& args, int64_t request
 
 cudaError_t launch_tree_attention(const TreeAttentionArgs& args, cudaStream_t stream) {
   if (nothing_to_compute(args)) return cudaSuccess;
+  if (!tree_attention_supports_head_dim(args.head_dim)) return cudaErrorInvalidValue;
   const TreeAttentionArgs planned = plan<DeviceBlock>(args);
   const int64_t programs = planned.batch_size * planned.num_kv_heads * planned.row_tiles;
   if (programs > 0x7FFFFFFF || planned.num_splits > 65535) return cudaErrorInvalidConfiguration;

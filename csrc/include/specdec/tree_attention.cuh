@@ -121,11 +121,13 @@ constexpr int64_t kTreeAttentionMaxAutoSplits = 64;
 // SM count, cached per device). The caller sizes the partial states with it
 // and stores it in args.num_splits.
 int64_t tree_attention_num_splits(const TreeAttentionArgs& args, int64_t requested, bool device);
-// One launch (two with splits) on `stream`; returns the launch status.
-// Neither synchronises.
+// One launch (two with splits) on `stream`; returns the launch status
+// (cudaErrorInvalidValue for a head dim without a kernel). Neither
+// synchronises.
 cudaError_t launch_tree_attention(const TreeAttentionArgs& args, cudaStream_t stream);
 // The same block program on the host (host pointers), blocks one after
-// another on an emulated block, then the merge.
+// another on an emulated block, then the merge; a head dim without a kernel
+// computes nothing (the binding rejects it first).
 void tree_attention_host(const TreeAttentionArgs& args);
 
 namespace tree_attention_detail {
