@@ -4,6 +4,9 @@ Tolerance (FlashAttention's rule): the op's max error against float64 may be
 at most twice the max error of a naive dense computation in the input dtype,
 plus one float32 ulp of the output scale (the reference computes in float32,
 so it cannot beat float32 rounding even when the inputs are float32).
+
+The cases at the end are shared with the kernels' own tests
+(test_tree_attention_triton.py, test_tree_attention_cuda.py).
 """
 
 from __future__ import annotations

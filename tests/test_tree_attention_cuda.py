@@ -25,6 +25,7 @@ import torch
 
 import specdec_kernels as sk
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
+from test_compact_kv_cuda import copy_on
 from test_tree_attention import (ODD_SIZES, OUTSIDE_CONTRACT, against_reference, ancestor_bits, bad_block_ids_case,
                                  check_bad_block_ids_outcome, check_error, check_in_a_cuda_graph, long_context_case,
                                  make_inputs, narrow_table_case, odd_size_case, outside_contract_case, pack_bits,
@@ -46,8 +47,9 @@ def run(runner, q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_n
     if runner == "host":
         return torch.ops.specdec_C.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask,
                                                   num_nodes, scale, num_splits or 0)
-    tensors = [t.cuda() for t in (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask)]
-    counts = None if num_nodes is None else num_nodes.cuda()
+    # Views stay views of a copy of their whole storage (strides, offsets and alignment as on the CPU).
+    tensors = [copy_on("cuda", t)[1] for t in (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask)]
+    counts = None if num_nodes is None else copy_on("cuda", num_nodes)[1]
     if num_splits is not None:
         from specdec_kernels.launchers.tree_attention import cuda_tree_attention
 

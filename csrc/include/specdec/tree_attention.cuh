@@ -16,7 +16,7 @@
 // at D = 64, 64 at D = 128, 32 at D = 256) the cache is read once per
 // request and KV head.
 //
-// Per key tile (one key per lane, warp-size keys), three phases between
+// Per key tile (one key per lane, warp-size keys), four phases between
 // block barriers, with the tiles in shared memory as float32:
 //   1. the first warp-size threads locate their key: block id and slot
 //      through the block table, or "not stored" (-1);
@@ -103,8 +103,8 @@ struct TreeAttentionArgs {
   // Set by the launchers: both caches have unit-stride rows whose heads start
   // on 16-byte boundaries, so K and V are read 16 bytes at a time.
   bool cache_loads_16_bytes = false;
-  int64_t num_splits = 1;   // the launchers' plan (tree_attention_num_splits)
-  int64_t row_tiles = 1;    // set by the launchers
+  int64_t num_splits = 1;  // the launchers' plan (tree_attention_num_splits)
+  int64_t row_tiles = 1;   // set by the launchers
 };
 
 // Head dims with a compiled kernel.
