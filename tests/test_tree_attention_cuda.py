@@ -24,21 +24,14 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
+from conftest import extension_op_marks
 from test_compact_kv_cuda import copy_on
 from test_tree_attention import (ODD_SIZES, OUTSIDE_CONTRACT, against_reference, ancestor_bits, bad_block_ids_case,
                                  check_bad_block_ids_outcome, check_error, check_in_a_cuda_graph, long_context_case,
                                  make_inputs, narrow_table_case, odd_size_case, outside_contract_case, pack_bits,
                                  strided_case)
 
-HAS_OP = cuda_extension_available() and "tree_attention" in extension_ops()
-needs_op = pytest.mark.skipif(
-    not HAS_OP, reason=f"CUDA extension without tree_attention: {extension_error() or 'op not registered'}"
-)
-needs_gpu = pytest.mark.skipif(
-    not (HAS_OP and torch.cuda.is_available()), reason="needs a GPU and the CUDA extension with tree_attention"
-)
-RUNNERS = [pytest.param("host", marks=needs_op), pytest.param("gpu", marks=needs_gpu)]
+needs_op, needs_gpu, RUNNERS = extension_op_marks("tree_attention")
 
 
 def run(runner, q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes=None, scale=None,
