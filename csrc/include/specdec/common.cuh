@@ -172,7 +172,7 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float from_float<float>(float value) {
 
 template <>
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE BFloat16 from_float<BFloat16>(float value) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // cvt to bf16 needs sm_80; older archs use the bit rounding
   uint16_t bits;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(value));
   return {bits};
