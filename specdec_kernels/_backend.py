@@ -20,6 +20,11 @@ BACKENDS = ("auto", "reference", "triton", "cuda")
 TRITON_OPS = frozenset(
     {"chain_verify", "chain_verify_packed", "tree_verify", "build_tree", "compact_kv", "tree_attention"})
 
+# Ops whose CUDA kernel backend="auto" passes over for Triton: tree_attention's
+# is a SIMT kernel (CUDA cores, no tensor cores) that has not been timed
+# against its Triton kernel on a GPU. backend="cuda" runs it.
+AUTO_PREFERS_TRITON = frozenset({"tree_attention"})
+
 
 def triton_interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -76,11 +81,8 @@ def resolve(op_name: str, backend: str, device: torch.device) -> str:
     if backend == "auto":
         if device.type != "cuda":
             return "reference"
-        if _cuda_unavailable(op_name, device) is None:
-            return "cuda"
-        if _triton_unavailable(op_name, device) is None:
-            return "triton"
-        return "reference"
+        order = ("triton", "cuda") if op_name in AUTO_PREFERS_TRITON else ("cuda", "triton")
+        return next((name for name in order if _WHY_UNAVAILABLE[name](op_name, device) is None), "reference")
     reason = _WHY_UNAVAILABLE[backend](op_name, device)
     if reason is not None:
         raise RuntimeError(f"{op_name}: backend {backend!r} cannot run: {reason}")

@@ -31,3 +31,20 @@ def backend_or_skip(op_name: str, backend: str, device: str = DEVICE) -> str:
     except RuntimeError as error:
         pytest.skip(str(error))
     return backend
+
+
+def extension_op_marks(op_name: str):
+    """``(needs_op, needs_gpu, runners)`` for the tests of the extension's ``op_name``.
+
+    ``needs_op`` skips unless the extension loaded and registers the op (its
+    host path runs on CPU tensors); ``needs_gpu`` also needs a GPU;
+    ``runners`` parametrizes a test over ``"host"`` and ``"gpu"`` with them.
+    """
+    from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
+
+    has_op = cuda_extension_available() and op_name in extension_ops()
+    needs_op = pytest.mark.skipif(
+        not has_op, reason=f"CUDA extension without {op_name}: {extension_error() or 'op not registered'}")
+    needs_gpu = pytest.mark.skipif(
+        not (has_op and torch.cuda.is_available()), reason=f"needs a GPU and the CUDA extension with {op_name}")
+    return needs_op, needs_gpu, [pytest.param("host", marks=needs_op), pytest.param("gpu", marks=needs_gpu)]

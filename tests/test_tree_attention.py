@@ -4,6 +4,9 @@ Tolerance (FlashAttention's rule): the op's max error against float64 may be
 at most twice the max error of a naive dense computation in the input dtype,
 plus one float32 ulp of the output scale (the reference computes in float32,
 so it cannot beat float32 rounding even when the inputs are float32).
+
+The cases at the end are shared with the kernels' own tests
+(test_tree_attention_triton.py, test_tree_attention_cuda.py).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 import specdec_kernels as sk
 from conftest import backend_or_skip
 
-BACKENDS = ["reference", "triton"]
+BACKENDS = ["reference", "triton", "cuda"]  # cuda: GPU only (tests/test_tree_attention_cuda.py runs its host path)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -22,8 +25,8 @@ def run_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask
                        device):
     """The op on ``device``; inputs and output on the CPU."""
     backend_or_skip("tree_attention", backend)
-    if q.dtype == torch.float32 and backend != "reference":
-        pytest.skip("float32 inputs are for the reference backend only")
+    if q.dtype == torch.float32 and backend == "triton":
+        pytest.skip("float32 inputs are for the reference and CUDA backends only")
     tensors = [t.to(device) for t in (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask)]
     out = sk.tree_attention(
         *tensors, num_nodes=None if num_nodes is None else num_nodes.to(device), scale=scale, backend=backend
@@ -190,8 +193,9 @@ def test_arbitrary_mask_bits(dtype, backend, device):
     check_against_float64(inputs, tree_bits, None, 0.1, backend, device)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_bad_block_ids_are_masked(backend, device):
+def bad_block_ids_case():
+    """``(inputs, tree_bits, num_nodes)``: block ids out of range, negative, at the cache size, and a table too
+    narrow for the last request's tree."""
     generator = torch.Generator().manual_seed(11)
     batch_size, tree_size, block_size = 4, 12, 4
     prefix_lens = torch.tensor([0, 9, 17, 30], dtype=torch.int32)
@@ -208,11 +212,20 @@ def test_bad_block_ids_are_masked(backend, device):
     block_tables[1, 3] = -5  # nodes 3..6 of request 1 are gone
     block_tables[2, 1] = 2**31 - 1
     tree_bits = ancestor_bits(generator, batch_size, tree_size)
-    inputs = (q, k_cache, v_cache, block_tables, prefix_lens)
-    out, exact = check_against_float64(inputs, tree_bits, num_nodes, 0.125, backend, device)
+    return (q, k_cache, v_cache, block_tables, prefix_lens), tree_bits, num_nodes
+
+
+def check_bad_block_ids_outcome(out, exact, num_nodes):
     assert (out[0] == 0).all(), "rows that see no key must be zero"
-    live = torch.arange(tree_size)[None, :] < num_nodes[:, None].long()
+    live = torch.arange(out.shape[1])[None, :] < num_nodes[:, None].long()
     assert (exact[1:].abs().sum(dim=(-1, -2))[live[1:]] > 0).all(), "the test masks too much"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_block_ids_are_masked(backend, device):
+    inputs, tree_bits, num_nodes = bad_block_ids_case()
+    out, exact = check_against_float64(inputs, tree_bits, num_nodes, 0.125, backend, device)
+    check_bad_block_ids_outcome(out, exact, num_nodes)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -226,3 +239,138 @@ def test_default_scale(backend, device):
     default = run_tree_attention(*args, None, backend, device)
     explicit = run_tree_attention(*args, 128**-0.5, backend, device)
     assert torch.equal(default, explicit)
+
+
+# ----------------------------------------------------------------------------- shared by the kernels' tests
+
+# (B, N, Hq, Hkv, D, block size, prefix lengths, dtype): N = 1; N not a
+# multiple of 32 with Hq = 8 Hkv; Hq = Hkv; D = 256 in one 256-slot block;
+# prefixes of 0 and not multiples of the block size everywhere.
+ODD_SIZES = [
+    (2, 1, 2, 2, 64, 8, [0, 13], torch.float16),
+    (3, 33, 8, 1, 128, 16, [0, 5, 47], torch.bfloat16),
+    (2, 5, 4, 4, 64, 32, [70, 0], torch.float16),
+    (1, 6, 4, 2, 256, 256, [300], torch.bfloat16),
+]
+
+
+def odd_size_case(batch_size, tree_size, num_q_heads, num_kv_heads, head_dim, block_size, prefixes, dtype):
+    """``(inputs, tree_bits, num_nodes)`` for an ODD_SIZES entry."""
+    generator = torch.Generator().manual_seed(tree_size * 100 + head_dim)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, batch_size, tree_size, num_q_heads, num_kv_heads, head_dim, dtype, block_size,
+        torch.tensor(prefixes, dtype=torch.int32)
+    )
+    tree_bits = ancestor_bits(generator, batch_size, tree_size)
+    return (q, k_cache, v_cache, block_tables, prefix_lens), tree_bits, num_nodes
+
+
+def against_reference(out, inputs, tree_mask, num_nodes, scale, device):
+    """A kernel agrees with the reference up to the rounding of the output dtype."""
+    expected = sk.tree_attention(*(t.to(device) for t in inputs), tree_mask.to(device),
+                                 num_nodes=None if num_nodes is None else num_nodes.to(device), scale=scale,
+                                 backend="reference").cpu()
+    tolerance = torch.finfo(out.dtype).eps * expected.abs().max().item()
+    assert (out.float() - expected.float()).abs().max().item() <= tolerance
+
+
+def strided_case():
+    """``(views, dense)``: every input a view with padded strides (K and V interleaved in one allocation with a
+    padding head, q's last dim strided, the index tensors and the mask columns of wider tensors), and the same
+    values as dense tensors; each is ``(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes)``."""
+    generator = torch.Generator().manual_seed(9)
+    batch_size, tree_size, num_q_heads, num_kv_heads, head_dim, block_size = 3, 9, 4, 2, 64, 16
+    prefix_lens = torch.tensor([0, 21, 40], dtype=torch.int32)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, batch_size, tree_size, num_q_heads, num_kv_heads, head_dim, torch.bfloat16, block_size,
+        prefix_lens
+    )
+    tree_mask = pack_bits(ancestor_bits(generator, batch_size, tree_size))
+
+    kv = torch.zeros(k_cache.shape[0], block_size, 2, num_kv_heads + 1, head_dim, dtype=k_cache.dtype)
+    kv[:, :, 0, :num_kv_heads], kv[:, :, 1, :num_kv_heads] = k_cache, v_cache
+    strided_q = torch.zeros(batch_size, tree_size, num_q_heads, 2 * head_dim, dtype=q.dtype)
+    strided_q[..., ::2] = q
+    wide_tables = torch.full((batch_size, 2 * block_tables.shape[1] + 1), -1, dtype=torch.int32)
+    wide_tables[:, 1::2] = block_tables
+    wide_lens = torch.stack([prefix_lens, torch.full_like(prefix_lens, 10**6)], 1)
+    wide_mask = torch.zeros(batch_size, tree_size, 3, dtype=torch.int32)
+    wide_mask[:, :, 1:2] = tree_mask
+    wide_counts = torch.stack([num_nodes, torch.zeros_like(num_nodes)], 1)
+    views = (strided_q[..., ::2], kv[:, :, 0, :num_kv_heads], kv[:, :, 1, :num_kv_heads], wide_tables[:, 1::2],
+             wide_lens[:, 0], wide_mask[:, :, 1:2], wide_counts[:, 0])
+    assert not any(t.is_contiguous() for t in views[:5])
+    return views, (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes)
+
+
+def narrow_table_case():
+    """``(inputs, tree_bits, num_nodes)`` whose table is a column slice of a wider one whose next columns hold valid
+    block ids: positions past the slice must stay invisible."""
+    generator = torch.Generator().manual_seed(13)
+    prefix_lens = torch.tensor([30, 12], dtype=torch.int32)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, 2, 10, 4, 2, 64, torch.float16, 8, prefix_lens
+    )
+    narrow = block_tables[:, :3]  # 24 positions: request 0's prefix is cut, request 1's nodes from 12 on
+    return (q, k_cache, v_cache, narrow, prefix_lens), ancestor_bits(generator, 2, 10), num_nodes
+
+
+# (prefix lengths, num_nodes, num_blocks, max_blocks) outside the contract.
+OUTSIDE_CONTRACT = [
+    ([-2, -10], None, 6, 3),  # negative prefixes: tree nodes before position 0 are invisible
+    ([3, 4], [0, 9], 6, 3),  # counts outside [1, N]
+    ([2**31 - 1, 7], None, 6, 3),  # a prefix far past the table
+    ([3, 4], None, 0, 3),  # an empty cache
+    ([3, 4], None, 6, 0),  # an empty table
+]
+
+
+def outside_contract_case(prefixes, counts, num_blocks, max_blocks):
+    """``(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes)`` for an OUTSIDE_CONTRACT entry."""
+    generator = torch.Generator().manual_seed(19)
+    q = torch.randn(2, 5, 4, 64, generator=generator).half()
+    k_cache, v_cache = torch.randn(2, 6, 8, 2, 64, generator=generator).half()[:, :num_blocks]
+    tables = torch.arange(6, dtype=torch.int32).view(2, 3)[:, :max_blocks]
+    mask = sk.build_tree(torch.tensor([[-1, 0, 0, 1, 2]] * 2, dtype=torch.int32)).mask
+    num_nodes = None if counts is None else torch.tensor(counts, dtype=torch.int32)
+    return q, k_cache, v_cache, tables, torch.tensor(prefixes, dtype=torch.int32), mask, num_nodes
+
+
+def long_context_case():
+    """``(inputs, tree_bits, num_nodes)``: a 397-position prefix over 50 shuffled 8-slot blocks (split tests)."""
+    generator = torch.Generator().manual_seed(5)
+    prefix_lens = torch.tensor([397], dtype=torch.int32)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, 1, 7, 8, 2, 64, torch.float16, 8, prefix_lens
+    )
+    assert block_tables.shape[1] == 51
+    return (q, k_cache, v_cache, block_tables, prefix_lens), ancestor_bits(generator, 1, 7), num_nodes
+
+
+def check_in_a_cuda_graph(backend, device):
+    """No host read on ``backend``'s path: one request over a long prefix (it
+    splits, so both launches are captured) is replayed with new prefix
+    lengths and queries."""
+    generator = torch.Generator().manual_seed(17)
+    prefix_lens = torch.tensor([3000], dtype=torch.int32)
+    q, k_cache, v_cache, block_tables, prefix_lens, _ = make_inputs(
+        generator, 1, 8, 32, 8, 128, torch.bfloat16, 16, prefix_lens
+    )
+    tree_mask = pack_bits(ancestor_bits(generator, 1, 8))
+    q, k_cache, v_cache, block_tables, prefix_lens, tree_mask = (
+        t.to(device) for t in (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask))
+    capture_stream = torch.cuda.Stream()
+    with torch.cuda.stream(capture_stream):  # compile (and opt in to shared memory) outside the capture
+        sk.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, backend=backend)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture_stream):
+        out = sk.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, backend=backend)
+    for prefix in (3000, 17, 0):
+        prefix_lens.fill_(prefix)
+        q.normal_()
+        graph.replay()
+        # The kernel is deterministic: a replay equals an eager call bit for bit
+        # (accuracy is the other tests' business).
+        eager = sk.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, backend=backend)
+        assert torch.equal(out, eager)

@@ -1,4 +1,5 @@
-"""Launcher for tree_attention's Triton kernels: configuration, outputs, one launch (two with a KV split).
+"""Launchers for tree_attention: the Triton kernels (configuration, outputs, one launch, two with a KV split) and
+the CUDA extension.
 
 A split context is merged by a second, small launch rather than by the last
 split program to finish: that needs no arrival counters kept at zero between
@@ -130,3 +131,15 @@ def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_m
             )
     return out
 
+
+
+def cuda_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale,
+                        num_splits=None):
+    """The extension's SIMT kernel (csrc/include/specdec/tree_attention.cuh): one launch, two with a KV split.
+
+    It reads every input through its strides and allocates the output; the
+    split count comes from shapes and the device's cached SM count (in
+    csrc/tree_attention.cu), or ``num_splits`` (tests force it).
+    """
+    return torch.ops.specdec_C.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes,
+                                              scale, 0 if num_splits is None else num_splits)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
-from ..launchers.tree_attention import triton_tree_attention
+from ..launchers.tree_attention import cuda_tree_attention, triton_tree_attention
 from ..reference import tree_attention as reference
 
 OP_NAME = "tree_attention"
@@ -22,7 +22,7 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
     Parameters
     ----------
     q : Tensor ``[B, N, Hq, D]``
-        float16 or bfloat16 (float32 too on the reference backend).
+        float16 or bfloat16 (float32 too on the reference and CUDA backends).
     k_cache, v_cache : Tensor ``[num_blocks, block_size, Hkv, D]``
         Paged cache, dtype of ``q``; ``Hq % Hkv == 0``; ``D`` in {64, 128, 256}.
     block_tables : Tensor, int32 or int64 ``[B, max_blocks]``
@@ -36,6 +36,7 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
     scale : float, optional
         Default ``D ** -0.5``.
     backend : {"auto", "reference", "triton", "cuda"}
+        ``"auto"`` on CUDA tensors picks Triton: the CUDA kernel (SIMT) has not been timed against it yet.
 
     Returns
     -------
@@ -91,4 +92,5 @@ def _fake(q, *args):
     return torch.empty_like(q)
 
 
-_library.register(OP_NAME, {"reference": _reference, "triton": triton_tree_attention}, _fake)
+_library.register(OP_NAME, {"reference": _reference, "triton": triton_tree_attention, "cuda": cuda_tree_attention},
+                  _fake)

@@ -6,7 +6,7 @@
 // csrc/chain_verify.cu emulates a block on the host with std::threads (2
 // warps of 4 lanes) and barriers. A Block provides:
 //
-//   kThreads (static), thread(), num_threads(), warp(), num_warps(), lane(),
+//   kThreads, kWarpSize (static), thread(), num_threads(), warp(), num_warps(), lane(),
 //   warp_size();
 //   sync()                                   a block barrier;
 //   warp_all_reduce(v, op), block_all_reduce(v, op)
@@ -48,7 +48,8 @@ struct MinInt64 {
 #if defined(__CUDACC__)
 struct DeviceBlock {
   static constexpr int kThreads = 256;
-  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kWarpSize = 32;
+  static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr int kScratchWordsPerWarp = 8;  // largest reduced or scanned value: 32 bytes
   // A waiting block sleeps ~256 ns per turn: the cap is about a second, far
   // beyond any wait on a running block, so hitting it means a broken

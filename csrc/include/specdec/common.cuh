@@ -112,6 +112,21 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float exp_f32(float x) {
 #endif
 }
 
+// 2^x (attention's online softmax works in base 2).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float exp2_f32(float x) {
+#if defined(__CUDA_ARCH__)
+  return exp2f(x);
+#else
+  return std::exp2(x);
+#endif
+}
+
+// 16-byte unit; 16-byte aligned, so the device moves it with one vector
+// load or store (compact_kv's widest unit, tree_attention's cache loads).
+struct alignas(16) Bytes16 {
+  uint64_t low, high;
+};
+
 // 16-bit storage types (bit patterns; no cuda_fp16.h / cuda_bf16.h needed).
 struct BFloat16 {
   uint16_t bits;
@@ -142,6 +157,52 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float to_float(Float16 value) {
   }
   if (exponent == 0x1F) return bits_as_float(sign | 0x7F800000u | (mantissa << 13));
   return bits_as_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+#endif
+}
+
+// float -> storage type, rounded to nearest even (as torch's .to(dtype)):
+// from_float<T>(x).
+template <class T>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE T from_float(float value);
+
+template <>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float from_float<float>(float value) {
+  return value;
+}
+
+template <>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE BFloat16 from_float<BFloat16>(float value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // cvt to bf16 needs sm_80; older archs use the bit rounding
+  uint16_t bits;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+  return {bits};
+#else
+  const uint32_t bits = float_as_bits(value);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return {static_cast<uint16_t>((bits >> 16) | 0x40u)};  // quiet NaN
+  return {static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16)};
+#endif
+}
+
+template <>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Float16 from_float<Float16>(float value) {
+#if defined(__CUDA_ARCH__)
+  uint16_t bits;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+  return {bits};
+#else
+  const uint32_t bits = float_as_bits(value);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return {static_cast<uint16_t>(sign | 0x7E00u)};  // NaN
+  if (magnitude >= 0x477FF000u) return {static_cast<uint16_t>(sign | 0x7C00u)};  // rounds past 65504: inf
+  if (magnitude < 0x38800000u) {
+    // Below 2^-14: a subnormal half, k * 2^-24 with k = x * 2^24 rounded to
+    // nearest even (the product is exact; k = 1024 is the smallest normal).
+    const float units = std::nearbyint(bits_as_float(magnitude) * 0x1p24f);
+    return {static_cast<uint16_t>(sign | static_cast<uint16_t>(units))};
+  }
+  const uint32_t rounded = magnitude + 0xFFFu + ((magnitude >> 13) & 1u);
+  return {static_cast<uint16_t>(sign | ((rounded >> 13) - (112u << 10)))};
 #endif
 }
 

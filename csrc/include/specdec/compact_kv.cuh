@@ -68,12 +68,6 @@ constexpr int64_t kCompactMaxPath = 1024;
 // thread of 256 on the GPU, with K and V 8 registers of up to 16 bytes.
 constexpr int64_t kCompactTileUnits = 1024;
 
-// 16-byte unit; 16-byte aligned, so the device copies it with one vector
-// load and one vector store.
-struct alignas(16) Bytes16 {
-  uint64_t low, high;
-};
-
 struct CompactKvCache {
   void* data = nullptr;
   // In units: (block, slot, head, unit within the head).

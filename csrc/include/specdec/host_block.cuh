@@ -74,6 +74,7 @@ struct SimtState {
 // instantiation with this type; their bodies exist on the host only.
 struct SimtHostBlock {
   static constexpr int kThreads = kSimtThreads;
+  static constexpr int kWarpSize = kSimtLanes;
   SimtState* state;
   int tid;
 

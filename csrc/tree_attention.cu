@@ -1,0 +1,192 @@
+// Launcher of tree_attention (include/specdec/tree_attention.cuh holds the
+// design and the block program): row tiles and splits, dispatch on the dtype
+// and the head dim, the shared-memory opt-in, and the host implementation,
+// which runs the same block program on an emulated block.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "specdec/host_block.cuh"
+#include "specdec/tree_attention.cuh"
+
+namespace specdec {
+namespace {
+
+using tree_attention_detail::merge_element;
+using tree_attention_detail::shared_bytes;
+using tree_attention_detail::TileShape;
+
+// Splits: about two blocks per SM, each split at least this many prefix
+// keys (the Triton launcher's starting points; neither measured yet).
+constexpr int64_t kBlocksPerMultiprocessor = 2;
+constexpr int64_t kMinSplitKeys = 512;
+// The host pretends to be a 4-block machine with 32-key splits, so CPU
+// tests split small contexts (as the Triton launcher under the interpreter).
+constexpr int64_t kHostBlocks = 4;
+constexpr int64_t kHostMinSplitKeys = 32;
+constexpr int kMergeThreads = 256;
+constexpr int64_t kMaxMergeBlocks = int64_t{1} << 20;  // a grid-stride loop covers the rest
+constexpr int kMaxDevices = 64;
+
+int64_t cdiv(int64_t numerator, int64_t denominator) { return (numerator + denominator - 1) / denominator; }
+
+// SMs of the current device, asked once per device (the split count is
+// chosen on every call).
+int64_t multiprocessor_count() {
+  static std::atomic<int> counts[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 1;
+  if (device >= kMaxDevices) {
+    int count = 1;
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    return count;
+  }
+  int count = counts[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count < 1) count = 1;
+    counts[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+// Calls body(Value{}, std::integral_constant<int, D>{}) for the args' dtype
+// and head dim (one of tree_attention_supports_head_dim's).
+template <class Body>
+void dispatch_tree_attention(const TreeAttentionArgs& args, Body&& body) {
+  const auto with_dim = [&](auto value) {
+    switch (args.head_dim) {
+      case 64:
+        body(value, std::integral_constant<int, 64>{});
+        break;
+      case 128:
+        body(value, std::integral_constant<int, 128>{});
+        break;
+      case 256:
+        body(value, std::integral_constant<int, 256>{});
+        break;
+    }
+  };
+  switch (args.dtype) {
+    case AttentionDtype::kFloat32:
+      with_dim(float{});
+      break;
+    case AttentionDtype::kBFloat16:
+      with_dim(BFloat16{});
+      break;
+    case AttentionDtype::kFloat16:
+      with_dim(Float16{});
+      break;
+  }
+}
+
+// Rows of a tile for this head dim (the block type's tile shape).
+template <class Block>
+int64_t tile_rows(int64_t head_dim) {
+  return (Block::kThreads / Block::kWarpSize) * tree_attention_detail::rows_per_warp(static_cast<int>(head_dim));
+}
+
+// Whether every head of `cache` is contiguous and starts on a 16-byte
+// boundary (`element_bytes` divides 16).
+bool heads_in_16_bytes(const StridedValues& cache, int64_t element_bytes) {
+  const int64_t per_load = 16 / element_bytes;
+  return cache.stride[3] == 1 && cache.stride[0] % per_load == 0 && cache.stride[1] % per_load == 0 &&
+         cache.stride[2] % per_load == 0 && reinterpret_cast<uintptr_t>(cache.data) % 16 == 0;
+}
+
+int64_t element_bytes(AttentionDtype dtype) { return dtype == AttentionDtype::kFloat32 ? 4 : 2; }
+
+template <class Block>
+TreeAttentionArgs plan(const TreeAttentionArgs& args) {
+  TreeAttentionArgs planned = args;
+  planned.row_tiles = cdiv(args.max_nodes * (args.num_q_heads / args.num_kv_heads), tile_rows<Block>(args.head_dim));
+  const int64_t bytes = element_bytes(args.dtype);
+  planned.cache_loads_16_bytes = heads_in_16_bytes(args.k_cache, bytes) && heads_in_16_bytes(args.v_cache, bytes);
+  return planned;
+}
+
+bool nothing_to_compute(const TreeAttentionArgs& args) {
+  return args.batch_size == 0 || args.max_nodes == 0 || args.num_q_heads == 0;
+}
+
+// Lets the kernel instantiation use `bytes` of dynamic shared memory on the
+// current device (above 48 KiB it must opt in), once per device.
+cudaError_t allow_shared_memory(const void* kernel, int64_t bytes, std::atomic<uint64_t>& done_devices) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (done_devices.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
+  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (status == cudaSuccess) done_devices.fetch_or(bit, std::memory_order_relaxed);
+  return status;
+}
+
+}  // namespace
+
+int64_t tree_attention_num_splits(const TreeAttentionArgs& args, int64_t requested, bool device) {
+  if (requested > 0) return requested;
+  if (nothing_to_compute(args)) return 1;
+  const int64_t row_tiles = device ? plan<DeviceBlock>(args).row_tiles : plan<SimtHostBlock>(args).row_tiles;
+  const int64_t blocks = args.batch_size * args.num_kv_heads * row_tiles;
+  const int64_t wanted = device ? kBlocksPerMultiprocessor * multiprocessor_count() : kHostBlocks;
+  // The table's span bounds every prefix: the count comes from shapes only.
+  const int64_t capacity = args.max_blocks * args.block_size;
+  int64_t splits = cdiv(wanted, blocks);
+  const int64_t by_length = cdiv(capacity, device ? kMinSplitKeys : kHostMinSplitKeys);
+  splits = splits < by_length ? splits : by_length;
+  splits = splits < kTreeAttentionMaxAutoSplits ? splits : kTreeAttentionMaxAutoSplits;
+  return splits > 1 ? splits : 1;
+}
+
+cudaError_t launch_tree_attention(const TreeAttentionArgs& args, cudaStream_t stream) {
+  if (nothing_to_compute(args)) return cudaSuccess;
+  if (!tree_attention_supports_head_dim(args.head_dim)) return cudaErrorInvalidValue;
+  const TreeAttentionArgs planned = plan<DeviceBlock>(args);
+  const int64_t programs = planned.batch_size * planned.num_kv_heads * planned.row_tiles;
+  if (programs > 0x7FFFFFFF || planned.num_splits > 65535) return cudaErrorInvalidConfiguration;
+  cudaError_t status = cudaSuccess;
+  dispatch_tree_attention(planned, [&](auto value, auto dim) {
+    using Value = decltype(value);
+    constexpr int kHeadDim = decltype(dim)::value;
+    const auto kernel = tree_attention_detail::tree_attention_kernel<Value, kHeadDim>;
+    const int64_t bytes = shared_bytes<DeviceBlock, kHeadDim>();
+    static std::atomic<uint64_t> opted_in_devices{0};
+    status = allow_shared_memory(reinterpret_cast<const void*>(kernel), bytes, opted_in_devices);
+    if (status != cudaSuccess) return;
+    const dim3 grid(static_cast<unsigned>(programs), static_cast<unsigned>(planned.num_splits));
+    kernel<<<grid, DeviceBlock::kThreads, static_cast<size_t>(bytes), stream>>>(planned);
+    status = cudaGetLastError();
+    if (status != cudaSuccess || planned.num_splits == 1) return;
+    const int64_t elements = planned.batch_size * planned.max_nodes * planned.num_q_heads * planned.head_dim;
+    const int64_t merge_blocks = cdiv(elements, kMergeThreads);
+    tree_attention_detail::tree_attention_merge_kernel<Value>
+        <<<static_cast<unsigned>(merge_blocks < kMaxMergeBlocks ? merge_blocks : kMaxMergeBlocks), kMergeThreads,
+           0, stream>>>(planned, elements);
+    status = cudaGetLastError();
+  });
+  return status;
+}
+
+void tree_attention_host(const TreeAttentionArgs& args) {
+  if (nothing_to_compute(args)) return;
+  const TreeAttentionArgs planned = plan<SimtHostBlock>(args);
+  const int64_t programs = planned.batch_size * planned.num_kv_heads * planned.row_tiles;
+  dispatch_tree_attention(planned, [&](auto value, auto dim) {
+    using Value = decltype(value);
+    constexpr int kHeadDim = decltype(dim)::value;
+    // The emulated block's shared memory, reused block after block.
+    std::vector<int64_t> tiles(static_cast<size_t>(cdiv(shared_bytes<SimtHostBlock, kHeadDim>(), 8)));
+    run_host_blocks(programs * planned.num_splits, [&](const SimtHostBlock& block, int64_t index) {
+      tree_attention_detail::tree_attention_block<SimtHostBlock, Value, kHeadDim>(
+          block, planned, tiles.data(), index / planned.num_splits, index % planned.num_splits);
+    });
+    if (planned.num_splits == 1) return;
+    const int64_t elements = planned.batch_size * planned.max_nodes * planned.num_q_heads * planned.head_dim;
+    for (int64_t index = 0; index < elements; ++index) merge_element<Value>(planned, index);
+  });
+}
+
+}  // namespace specdec
