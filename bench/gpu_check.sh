@@ -29,9 +29,9 @@ export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 export PYTHONUNBUFFERED=1 PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 unset TRITON_INTERPRET  # kernels run on the GPU here
-build_timeout="${BUILD_TIMEOUT:-100}"
+build_timeout="${BUILD_TIMEOUT:-130}"
 tests_timeout="${TESTS_TIMEOUT:-170}"
-hazards_timeout="${HAZARDS_TIMEOUT:-150}"
+hazards_timeout="${HAZARDS_TIMEOUT:-130}"
 bench_timeout="${BENCH_TIMEOUT:-120}"
 
 started=$(date +%s)
