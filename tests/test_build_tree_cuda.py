@@ -12,17 +12,10 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
+from conftest import extension_op_marks
 from test_build_tree import check_in_a_cuda_graph, expected_tree, garbage_case, random_parents, reference_tree
 
-HAS_OP = cuda_extension_available() and "build_tree" in extension_ops()
-needs_op = pytest.mark.skipif(
-    not HAS_OP, reason=f"CUDA extension without build_tree: {extension_error() or 'op not registered'}"
-)
-needs_gpu = pytest.mark.skipif(
-    not (HAS_OP and torch.cuda.is_available()), reason="needs a GPU and the CUDA extension with build_tree"
-)
-RUNNERS = [pytest.param("host", marks=needs_op), pytest.param("gpu", marks=needs_gpu)]
+needs_op, needs_gpu, RUNNERS = extension_op_marks("build_tree")
 
 
 def run_cuda_build_tree(runner, parents, num_nodes, prefix_lens):

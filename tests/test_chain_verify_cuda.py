@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import specdec_kernels as sk
+from conftest import extension_op_marks
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
 from specdec_kernels.launchers.chain_verify import cuda_workspace_specs
 from specdec_kernels.reference import chain_verify as reference
@@ -33,13 +34,7 @@ from sampling_parameter_cases import (
     with_parameters,
 )
 
-HAS_OP = cuda_extension_available() and "chain_verify" in extension_ops()
-needs_op = pytest.mark.skipif(
-    not HAS_OP, reason=f"CUDA extension without chain_verify: {extension_error() or 'op not registered'}"
-)
-needs_gpu = pytest.mark.skipif(
-    not (HAS_OP and torch.cuda.is_available()), reason="needs a GPU and the CUDA extension with chain_verify"
-)
+needs_op, needs_gpu, _ = extension_op_marks("chain_verify")
 
 PROB_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -20,8 +20,7 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from conftest import ALL_BACKENDS, backend_or_skip
-from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
+from conftest import ALL_BACKENDS, backend_or_skip, extension_op_marks
 from specdec_kernels.launchers.chain_verify import cuda_workspace_specs
 from specdec_kernels.reference.chain_verify_packed import packed_requests
 from sampling_parameter_cases import (
@@ -32,10 +31,7 @@ from sampling_parameter_cases import (
 )
 from test_chain_verify_cuda import assert_same, random_state
 
-HAS_HOST_OP = cuda_extension_available() and "chain_verify_packed" in extension_ops()
-needs_host_op = pytest.mark.skipif(
-    not HAS_HOST_OP, reason=f"CUDA extension without chain_verify_packed: {extension_error() or 'op not registered'}"
-)
+needs_host_op, _, _ = extension_op_marks("chain_verify_packed")
 
 
 def packed_case(counts, max_drafts, vocab_size, *, seed, device, with_draft=True, logits=False, greedy=(),

@@ -18,20 +18,13 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
+from conftest import extension_op_marks
 from specdec_kernels.reference.compact_kv import compact_kv as reference_compact_kv
 from test_compact_kv import (bad_entries_case, check_in_a_cuda_graph, make_cache, malformed_paths_case,
                              moved_bits_case, overlapping_moves_case, random_paths_case, repeated_block_cases,
                              strided_wide_path_case)
 
-HAS_OP = cuda_extension_available() and "compact_kv" in extension_ops()
-needs_op = pytest.mark.skipif(
-    not HAS_OP, reason=f"CUDA extension without compact_kv: {extension_error() or 'op not registered'}"
-)
-needs_gpu = pytest.mark.skipif(
-    not (HAS_OP and torch.cuda.is_available()), reason="needs a GPU and the CUDA extension with compact_kv"
-)
-RUNNERS = [pytest.param("host", marks=needs_op), pytest.param("gpu", marks=needs_gpu)]
+needs_op, needs_gpu, RUNNERS = extension_op_marks("compact_kv")
 
 
 def copy_on(device, cache):

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import specdec_kernels as sk
+from conftest import extension_op_marks
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
 from specdec_kernels.launchers.tree_verify import cuda_workspace_specs
 from specdec_kernels.reference import tree_verify as reference
@@ -36,13 +37,7 @@ from sampling_parameter_cases import (
 from test_chain_verify_cuda import RANDOM_STATES, _wrap, random_state
 from test_tree_verify import check_structure, random_parents, random_problem, rejected_root_case, rows_after_rejections
 
-HAS_OP = cuda_extension_available() and "tree_verify" in extension_ops()
-needs_op = pytest.mark.skipif(
-    not HAS_OP, reason=f"CUDA extension without tree_verify: {extension_error() or 'op not registered'}"
-)
-needs_gpu = pytest.mark.skipif(
-    not (HAS_OP and torch.cuda.is_available()), reason="needs a GPU and the CUDA extension with tree_verify"
-)
+needs_op, needs_gpu, _ = extension_op_marks("tree_verify")
 
 PROB_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 DRAFT_MODES = ["with_replacement", "without_replacement", None]  # None: draft=None (deterministic candidates)
