@@ -241,6 +241,34 @@ def test_default_scale(backend, device):
     assert torch.equal(default, explicit)
 
 
+def test_the_reference_span_off_the_cpu_gives_the_same_outputs(monkeypatch):
+    """Off the CPU the reference gathers the block table's whole capacity (no host read of ``prefix_lens``); the
+    extra positions are invisible, so it agrees with the CPU's span, which stops after the longest tree block."""
+    from specdec_kernels.reference import tree_attention as reference_module
+
+    cases = [(*inputs, pack_bits(tree_bits), num_nodes)
+             for inputs, tree_bits, num_nodes in (long_context_case(), narrow_table_case(),
+                                                  *(odd_size_case(*size) for size in ODD_SIZES))]
+    cases += [outside_contract_case(*entry) for entry in OUTSIDE_CONTRACT]
+    cpu_spans = [reference_module.gathered_positions(case[4], case[0].shape[1], case[3].shape[1] * case[1].shape[1])
+                 for case in cases]
+    expected = [sk.tree_attention(*case[:6], num_nodes=case[6], backend="reference") for case in cases]
+    monkeypatch.setattr(reference_module, "gathered_positions", lambda prefix_lens, tree_size, capacity: capacity)
+    longer = 0
+    for case, cpu_span, want in zip(cases, cpu_spans, expected):
+        capacity = case[3].shape[1] * case[1].shape[1]
+        longer += capacity > cpu_span
+        got = sk.tree_attention(*case[:6], num_nodes=case[6], backend="reference")
+        torch.testing.assert_close(got, want, rtol=4 * torch.finfo(want.dtype).eps, atol=1e-6)
+    assert longer >= 4  # the spans differ, or this tests nothing
+
+
+def test_the_reference_has_no_host_read_on_a_gpu(device):
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    check_in_a_cuda_graph("reference", device)
+
+
 # ----------------------------------------------------------------------------- shared by the kernels' tests
 
 # (B, N, Hq, Hkv, D, block size, prefix lengths, dtype): N = 1; N not a

@@ -54,6 +54,24 @@ def visible_keys(
     return visible, block_ids.clamp(0, max(num_blocks - 1, 0)), slots
 
 
+def gathered_positions(prefix_lens: torch.Tensor, tree_size: int, capacity: int) -> int:
+    """How many cache positions (from 0) the reference gathers; the rest are invisible to every node.
+
+    Positions past the block table's ``capacity`` are masked, so the span
+    stops there. On the CPU it also stops after the longest request's tree
+    block (reading ``prefix_lens.max()`` there is free), so memory follows
+    the prefixes, not a table sized for the longest context. On any other
+    device that read would synchronise with the host and break CUDA-graph
+    capture: the span is the capacity, from shapes alone (the same outputs,
+    the extra positions being invisible; memory then scales with the table).
+    """
+    if prefix_lens.numel() == 0:
+        return 0
+    if prefix_lens.device.type != "cpu":
+        return capacity
+    return max(0, min(int(prefix_lens.max()) + tree_size, capacity))
+
+
 def tree_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -117,12 +135,7 @@ def tree_attention(
         scale = head_dim**-0.5
     group = num_q_heads // num_kv_heads
 
-    # Positions past the block table are masked anyway, so the gathered span
-    # stops there. Reading the longest prefix costs one host sync; the
-    # reference is not a GPU fast path, and gathering the whole table instead
-    # would scale memory with the table's capacity rather than the prefix.
-    longest_prefix = int(prefix_lens.max()) if batch_size > 0 else 0
-    num_positions = max(0, min(longest_prefix + tree_size, max_blocks * block_size))
+    num_positions = gathered_positions(prefix_lens, tree_size, max_blocks * block_size)
     if num_positions == 0 or num_blocks == 0 or tree_size == 0:
         return torch.zeros_like(q)
 
