@@ -14,8 +14,6 @@ import threading
 import torch
 
 TOKEN_DTYPES = (torch.int32, torch.int64)
-# What Checker.sampling_parameters returns when none is given.
-NO_SAMPLING_PARAMETERS = (None, None, None, None)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -118,7 +116,7 @@ class Checker:
         batch; ``top_k`` and ``bonus_token_ids`` accept int32 or int64.
         """
         if top_k is None and top_p is None and min_p is None and bonus_token_ids is None:
-            return NO_SAMPLING_PARAMETERS
+            return None, None, None, None
         if top_k is not None and not isinstance(top_k, torch.Tensor):
             top_k = self._batch_scalar("top_k", top_k, batch_size, int, torch.int64)
         top_k = self.counts("top_k", top_k, batch_size)

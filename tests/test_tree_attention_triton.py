@@ -93,8 +93,8 @@ def test_values_outside_the_contract_have_the_reference_outcome(prefixes, counts
 def test_reads_no_tensor_value_on_the_host(device, monkeypatch):
     """Everything before the launch uses shapes only: with every way of
     reading a tensor's value on the host disabled, the Triton path still runs
-    (the reference, which reads ``prefix_lens.max()``, would not), on a
-    shape that splits."""
+    (the reference on CPU tensors, which reads ``prefix_lens.max()`` there,
+    would not), on a shape that splits."""
     generator = torch.Generator().manual_seed(23)
     q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
         generator, 1, 3, 4, 2, 64, torch.float16, 16, torch.tensor([40], dtype=torch.int32)
