@@ -56,9 +56,11 @@ CHAIN_VERIFY_SAMPLING_SHAPES = (
 
 # (batch, tree size, vocabulary, dtype, draft given, draft sampling, logits,
 # per-request seeds): the EAGLE range, the largest tree (N = 1024, one node
-# tile) and a vocabulary below one chunk.
+# tile) and a vocabulary below one chunk. On an H200 batches up to 66 split
+# the vocabulary (the SPLIT variant), larger ones do not.
 TREE_VERIFY_SHAPES = (
     (8, 64, 128256, "fp32", True, "without_replacement", False, False),
+    (128, 64, 128256, "bf16", True, "without_replacement", False, False),
     (64, 32, 32000, "bf16", True, "with_replacement", True, True),
     (1, 1024, 151936, "bf16", False, "without_replacement", False, True),
     (256, 8, 100, "fp16", True, "without_replacement", True, False),
@@ -234,7 +236,7 @@ def tree_verify_variants():
     variants = []
     shapes = [(shape, False) for shape in TREE_VERIFY_SHAPES] + [(shape, True) for shape in TREE_VERIFY_SAMPLING_SHAPES]
     for (batch, tree_size, vocab, dtype, draft, draft_sampling, logits, per_request), sampling in shapes:
-        config = launch_config(batch, tree_size, vocab)
+        config = launch_config(batch, tree_size, vocab, multiprocessors=H200_MULTIPROCESSORS)
         rows = scratch_rows(draft, draft_sampling)
         signature = {
             "ids_ptr": "*i64", "parents_ptr": "*i32", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
@@ -243,8 +245,9 @@ def tree_verify_variants():
             "offset_ptr": "*i64", "offset_low": "i32", "offset_high": "i32",
             "accepted_ptr": "*i32", "output_ptr": "*i32", "num_accepted_ptr": "*i32",
             "scratch_ptr": "*fp32", "chunk_total_ptr": "*i64", "chunk_pick_ptr": "*i32",
+            "stages_ptr": "*i64", "timeouts_ptr": "*i32",
             "batch_size": "i32", "tree_size": "i32", "vocab_size": "i32", "num_chunks": "i32",
-            "stride_ids_b": "i32", "stride_ids_n": "i32", "stride_parents_b": "i32", "stride_parents_n": "i32",
+            "num_splits": "i32", "chunks_per_split": "i32", "stride_ids_b": "i32", "stride_ids_n": "i32", "stride_parents_b": "i32", "stride_parents_n": "i32",
             "stride_target_b": "i32", "stride_target_n": "i32", "stride_draft_b": "i32", "stride_draft_n": "i32",
             "stride_accepted_b": "i32", "stride_output_b": "i32",
         }
@@ -252,7 +255,7 @@ def tree_verify_variants():
             "HAS_DRAFT": draft, "HAS_NUM_NODES": True, "HAS_TEMPERATURE": True, "LOGITS": logits,
             "REMOVE_DRAWN": rows == 2, "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True,
             "OFFSET_PER_REQUEST": per_request, "SCRATCH_ROWS": rows,
-            **_sampling_constexprs(sampling, config.search_block),
+            **_sampling_constexprs(sampling, config.search_block), "SPLIT": config.num_splits > 1,
             "ROWS": config.rows, "BLOCK_N": config.block_n, "BLOCK_V": config.block_v,
             "CHUNK_TILE": config.chunk_tile,
         }
@@ -260,7 +263,7 @@ def tree_verify_variants():
         signature.update({key: "constexpr" for key in constexprs})
         name = (f"tree_verify B={batch} N={tree_size} V={vocab} {dtype} {'logits' if logits else 'probs'} "
                 f"{draft_sampling if draft else 'one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''} "
-                f"rows={config.rows}")
+                f"rows={config.rows} splits={config.num_splits}")
         values = {"tree_size": tree_size, "vocab_size": vocab, "stride_ids_b": tree_size, "stride_ids_n": 1,
                   "stride_parents_b": tree_size, "stride_parents_n": 1,
                   "stride_target_b": tree_size * vocab, "stride_target_n": vocab,

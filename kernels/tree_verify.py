@@ -15,7 +15,7 @@ residual ``float32(W * r)`` (``r`` the reciprocal of the exact integer
 total of the fixed-point weights ``W``), so it makes one pass over the
 vocabulary (:func:`_rejection_pass`) for its totals and leaves the
 rejection *pending*: the rows are transformed where they are next read
-(:func:`_current_rows`). If the next child is accepted, nothing more is
+(:func:`_pending_rows`). If the next child is accepted, nothing more is
 read at this node; if it is rejected too, its pass also writes the current
 rows out to the request's scratch rows (``[B, 1 or 2, V]`` float32 in the
 workspace: ``p``, and ``q`` when the rejected token leaves the proposal),
@@ -32,16 +32,34 @@ reference's whatever the tile: ``normalise`` and the sampler are exact
 integer sums, and each normalised entry is a float64 product with the
 row's correctly rounded float32 reciprocal, then one rounding to float32.
 
-No program waits for another, so there is no ordering hazard across
-programs; within a program, ``tl.debug_barrier()`` orders the scratch and
-chunk writes before other threads read them, and those reads bypass L1
-(``.cg``). Offsets that multiply a stride are 64-bit.
+Small batches (split plan, ``SPLIT``). ``splits`` programs share each
+request (about one program per SM in all, ``launchers/tree_verify.py``).
+Every program walks the whole tree: the acceptance tests are gathers, the
+statistics of logits rows, greedy argmaxes and truncation thresholds are
+recomputed by each (the same code, so the same bits; the row is read from
+L2 after the first program). The vocabulary passes, each rejection's
+totals and the final sample's chunks, are *stages* shared through records
+in the workspace (``kernels/tree_verify_stages.py``): a program takes
+slices of whole sampler chunks from the stage's counter until none is left,
+adds its slices' integer totals atomically, publishes, and waits until
+every slice is published. A slice is taken only by a running program, so a
+wait never depends on a program that has not started (the interpreter, which
+runs programs one after another, has the first program take every slice).
+Because a program may start long after the others have moved on, nothing
+it reads may have been overwritten: there are no scratch rows in this plan;
+the current rows are the input rows with the node's rejections *replayed*
+in order from their stage records (:func:`_replayed_rows`), the same float32
+maps the one-program plan applies, so the same bits. ``k`` rejections at a
+node cost ``k`` passes of ``O(k)`` arithmetic per entry. Only the request's
+first program stores outputs; its last to end zeroes the records.
 
-Not done yet: splitting one request's vocabulary over several programs
-(small batches use few SMs). Each rejection needs the whole row's total
-before the next child's test, so the programs of a request would have to
-exchange totals and wait for each other at every rejection, which the
-interpreter (programs one after another) cannot run or test.
+Ordering. Within a program, ``tl.debug_barrier()`` orders the scratch,
+chunk and record writes before other threads read them, and those reads
+bypass L1 (``.cg``). Across programs (split plan only), every release is
+preceded by a barrier, so the whole program's stores are issued first, and
+every acquire is followed by one (``wait_for``). A wait is bounded: past
+its poll limit it counts an error in ``timeout_counter`` and goes on.
+Offsets that multiply a stride are 64-bit.
 """
 
 import triton
@@ -51,6 +69,9 @@ from .chain_verify_rows import inverse_norm, request_temperatures, row_pointers,
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
                        normaliser_reciprocal, row_probabilities, split_sums)
+from .tree_verify_stages import (P_RECIPROCAL_WORD, Q_RECIPROCAL_WORD, RESIDUAL_WORD, STAGE_WORDS, TOKEN_WORD,
+                                 end_request, publish_chunks, publish_slice, record_rejection, stage_totals,
+                                 take_slice, wait_for_stage)
 from .truncation import row_truncation, truncated_probability, truncation_parameters
 
 @triton.jit
@@ -99,7 +120,47 @@ def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_no
 
 
 @triton.jit
-def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
+def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm, q_max, q_inverse_norm,
+                   inverse_temperature, token, truncation_threshold, truncation_reciprocal, truncating,
+                   history, history_first, history_end, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
+                   REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr):
+    """Split plan: the current ``p`` and ``q`` at ``index``, the input rows with every rejection of the current
+    node replayed in order (stage records ``history_first .. history_end - 1``, ``kernels/tree_verify_stages.py``).
+
+    Each stage applies the same float32 map as a pending rejection of
+    :func:`_pending_rows`, so the values are bit for bit those of the rows the
+    one-program plan writes out. Nothing is written: the rows a late program
+    replays are the inputs, which never change. ``q_mask`` is on wherever a
+    replayed residual needs ``q`` (the caller knows the node had rejections).
+    """
+    never = index != index
+    p = _row_values(target_row, target_row, index, mask, never, p_max, p_inverse_norm, inverse_temperature,
+                    truncation_threshold, truncation_reciprocal, truncating, LOGITS, TRUNCATE)
+    q = p
+    if HAS_DRAFT:
+        q = _row_values(draft_row, draft_row, index, q_mask, never, q_max, q_inverse_norm, inverse_temperature,
+                        truncation_threshold, truncation_reciprocal, truncating, LOGITS, False)
+    for stage in range(history_first, history_end):
+        record = history + stage * STAGE_WORDS
+        rejected = tl.load(record + TOKEN_WORD, cache_modifier=".cg")
+        residual = tl.load(record + RESIDUAL_WORD, cache_modifier=".cg")
+        p_reciprocal = tl.load(record + P_RECIPROCAL_WORD, cache_modifier=".cg").to(tl.float64, bitcast=True)
+        if HAS_DRAFT:
+            tried = q
+        else:
+            tried = tl.where(index == rejected, 1.0, 0.0)
+        weights = tl.where(residual != 0, fixed_point(p - tried), fixed_point(p))
+        p = (weights.to(tl.float64) * p_reciprocal).to(tl.float32)
+        if REMOVE_DRAWN:
+            q_reciprocal = tl.load(record + Q_RECIPROCAL_WORD, cache_modifier=".cg").to(tl.float64, bitcast=True)
+            q = (fixed_point(tl.where(index == rejected, 0.0, q)).to(tl.float64) * q_reciprocal).to(tl.float32)
+    if not HAS_DRAFT:
+        q = tl.where(index == token, 1.0, 0.0)
+    return p, q
+
+
+@triton.jit
+def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
                   p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                   pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                   truncation_threshold, truncation_reciprocal, truncating,
@@ -141,14 +202,36 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 
 
 @triton.jit
+def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
+                  p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                  pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
+                  truncation_threshold, truncation_reciprocal, truncating, history, history_first, history_end,
+                  LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr,
+                  SPLIT: tl.constexpr):
+    """The current ``p`` and ``q`` at ``index``: :func:`_replayed_rows` with ``SPLIT``, else :func:`_pending_rows`."""
+    if SPLIT:
+        p, q = _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm, q_max,
+                              q_inverse_norm, inverse_temperature, token, truncation_threshold,
+                              truncation_reciprocal, truncating, history, history_first, history_end,
+                              LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
+    else:
+        p, q = _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
+                             p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                             pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
+                             truncation_threshold, truncation_reciprocal, truncating,
+                             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
+    return p, q
+
+
+@triton.jit
 def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writing, from_scratch,
                     p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                     pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
-                    truncation_threshold, truncation_reciprocal, truncating, vocab_size,
-                    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr,
-                    ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """One pass over the rejecting rows: the split totals of the fixed-point weights of ``max(0, p - q)``,
-    of ``p`` and of ``q`` without ``token``, for the current ``p`` and ``q``.
+                    truncation_threshold, truncation_reciprocal, truncating, history, history_first, history_end,
+                    first, end, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
+                    TRUNCATE: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One pass over the rejecting rows' entries ``[first, end)``: the split totals of the fixed-point weights of
+    ``max(0, p - q)``, of ``p`` and of ``q`` without ``token``, for the current ``p`` and ``q``.
 
     Rows that are ``writing`` (a rejection was already pending) also store
     their current rows in the scratch rows, which become their base. Each
@@ -162,14 +245,14 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
     target_low = tl.zeros((ROWS,), tl.int64)
     drawn_high = tl.zeros((ROWS,), tl.int64)
     drawn_low = tl.zeros((ROWS,), tl.int64)
-    for start in range(0, vocab_size, BLOCK_V):
+    for start in range(first, end, BLOCK_V):
         index = start + vocab
-        mask = rejecting & (index < vocab_size)
+        mask = rejecting & (index < end)
         p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask, from_scratch,
                              p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                              truncation_threshold, truncation_reciprocal, truncating,
-                             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
+                             history, history_first, history_end, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         tl.store(p_scratch + index, p, mask=mask & writing)
         if REMOVE_DRAWN:
             tl.store(q_scratch + index, q, mask=mask & writing)
@@ -187,32 +270,37 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
 
 
 @triton.jit
-def _sample_rows(target_row, draft_row, p_scratch, q_scratch, sampled, from_scratch, p_max, p_inverse_norm,
-                 q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual,
-                 p_reciprocal, q_reciprocal, truncation_threshold, truncation_reciprocal, truncating,
-                 chunk_total_ptr, chunk_pick_ptr, requests, k0, k1, c2, c3, node,
-                 num_chunks, vocab_size, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
-                 REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
-                 CHUNK_TILE: tl.constexpr):
-    """The fixed-point sample of each row's current ``p`` at position ``node``; -1 without mass.
+def _sample_chunks(target_row, draft_row, p_scratch, q_scratch, sampled, from_scratch, p_max, p_inverse_norm,
+                   q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual,
+                   p_reciprocal, q_reciprocal, truncation_threshold, truncation_reciprocal, truncating,
+                   history, history_first, history_end, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node,
+                   first_chunk, end_chunk, vocab_size, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
+                   REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The fixed-point sampler's chunk total and candidate of each row's current ``p`` at position ``node``,
+    for chunks ``[first_chunk, end_chunk)``, stored at ``slot + chunk``.
 
     ``BLOCK_V`` is the sampler's chunk (or the whole vocabulary below one):
-    one tile per chunk, its total and candidate stored, then the chunk
-    choice in 128-bit arithmetic. Row arguments are ``[ROWS, 1]``.
+    one tile per chunk. Row arguments are ``[ROWS, 1]``.
     """
     vocab = tl.arange(0, BLOCK_V)[None, :]
-    slot = requests.to(tl.int64) * num_chunks
-    for chunk in range(0, num_chunks):
+    for chunk in range(first_chunk, end_chunk):
         index = chunk * BLOCK_V + vocab
         mask = sampled[:, None] & (index < vocab_size)
         p, _ = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask & (pending != 0),
                              from_scratch, p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, pending_token,
                              truncation_threshold, truncation_reciprocal, truncating,
-                             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
+                             history, history_first, history_end, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         total, offset = chunk_pick(fixed_point(p), chunk_draw(k0, k1, c2, c3, node, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
         tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
+
+
+@triton.jit
+def _choose_sample(chunk_total_ptr, chunk_pick_ptr, slot, sampled, k0, k1, c2, c3, node, num_chunks,
+                   ROWS: tl.constexpr, CHUNK_TILE: tl.constexpr):
+    """The fixed-point sample from the chunk results at ``slot`` (every chunk stored): 128-bit chunk choice;
+    -1 without mass."""
     tl.debug_barrier()  # the chunk results, visible to every thread
     high31, low31 = chunk_sums(chunk_total_ptr, slot, sampled, num_chunks, ROWS, CHUNK_TILE)
     return choose_chunk(chunk_total_ptr, chunk_pick_ptr, slot, sampled, num_chunks, high31, low31,
@@ -221,6 +309,7 @@ def _sample_rows(target_row, draft_row, p_scratch, q_scratch, sampled, from_scra
 
 @triton.jit(do_not_specialize=[
     "seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "tree_size", "num_chunks",
+    "num_splits", "chunks_per_split",
     "stride_ids_b", "stride_parents_b", "stride_accepted_b", "stride_output_b",
 ])
 def _tree_verify_kernel(
@@ -228,20 +317,37 @@ def _tree_verify_kernel(
     top_k_ptr, top_p_ptr, min_p_ptr, bonus_ptr,
     seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
     accepted_ptr, output_ptr, num_accepted_ptr,
-    # workspace: scratch rows [B, SCRATCH_ROWS, V] float32; chunk results [B, chunks]
-    scratch_ptr, chunk_total_ptr, chunk_pick_ptr,
-    batch_size, tree_size, vocab_size, num_chunks,
+    # workspace: scratch rows [B, SCRATCH_ROWS, V] float32; chunk results [B, chunks];
+    # split plan: stage records [B, N + 1, STAGE_WORDS] int64 and the count of waits that gave up
+    scratch_ptr, chunk_total_ptr, chunk_pick_ptr, stages_ptr, timeouts_ptr,
+    batch_size, tree_size, vocab_size, num_chunks, num_splits, chunks_per_split,
     stride_ids_b, stride_ids_n, stride_parents_b, stride_parents_n,
     stride_target_b, stride_target_n, stride_draft_b, stride_draft_n, stride_accepted_b, stride_output_b,
     HAS_DRAFT: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_TEMPERATURE: tl.constexpr, LOGITS: tl.constexpr,
     REMOVE_DRAWN: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
     OFFSET_PER_REQUEST: tl.constexpr, SCRATCH_ROWS: tl.constexpr,
     HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, TRUNCATE: tl.constexpr,
-    HAS_BONUS: tl.constexpr, SEARCH_BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr,
+    HAS_BONUS: tl.constexpr, SPLIT: tl.constexpr, SEARCH_BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr,
 ):
-    """``ROWS`` requests per program; see the module docstring."""
-    requests = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    """``ROWS`` requests per program, or with ``SPLIT`` one slice-sharing program of one request; see the
+    module docstring."""
+    if SPLIT:  # ROWS == 1
+        request = tl.program_id(0) // num_splits
+        rank = tl.program_id(0) % num_splits + tl.zeros((ROWS,), tl.int32)
+        writer = tl.max(rank, axis=0) == 0  # the one program that stores the request's outputs
+    else:
+        request = tl.program_id(0) * ROWS
+    requests = request + tl.arange(0, ROWS)
     active = requests < batch_size
+    if SPLIT:
+        writes = active & (rank == 0)
+    else:
+        writes = active
+    # The stage records of the request (split plan), and the walk's place in them.
+    history = stages_ptr + request.to(tl.int64) * (tree_size + 1) * STAGE_WORDS
+    stage = tl.program_id(0) * 0  # the next stage
+    node_stage = stage  # the current node's first stage (its rejections are the stages since)
     greedy, sampled, inverse_temperature = request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE,
                                                                 ROWS)
     if HAS_NUM_NODES:
@@ -280,7 +386,7 @@ def _tree_verify_kernel(
     truncation_threshold = node  # of the node whose statistics are loaded, for truncating rows
     truncation_reciprocal = p_reciprocal
     rejected_here = node  # 1 once a child of the current node was tried and rejected
-    tl.store(accepted_row, node, mask=active)
+    tl.store(accepted_row, node, mask=writes)
     while tl.max((last < limit).to(tl.int32), axis=0) > 0:
         child = _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab_size,
                             stride_parents_b, stride_parents_n, stride_ids_b, stride_ids_n, BLOCK_N)
@@ -328,22 +434,41 @@ def _tree_verify_kernel(
         target_at, draft_at = _current_rows(
             target_row, draft_row, p_scratch, q_scratch, token, gather, gather, from_scratch, p_max, p_inverse_norm,
             q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual, p_reciprocal,
-            q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating,
-            LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
+            q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating, history, node_stage, stage,
+            LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
         accepted = trying & tl.where(greedy, token == greedy_token.to(tl.int64),
                                      uniform_from_word(word) * draft_at < target_at)
         rejecting = gather & (accepted == 0)
         if tl.max(rejecting.to(tl.int32), axis=0) > 0:
-            writing = rejecting & (pending != 0)
-            residual_high, residual_low, target_high, target_low, drawn_high, drawn_low = _rejection_pass(
+            if SPLIT:
+                writing = rejecting & False  # nothing is written but the totals
+            else:
+                writing = rejecting & (pending != 0)
+            pass_rows = (
                 target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], rejecting[:, None],
                 writing[:, None], from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None], q_max[:, None],
                 q_inverse_norm[:, None], inverse_temperature[:, None], pending[:, None], pending_token[:, None],
                 pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None], token[:, None],
-                truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None], vocab_size,
-                LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, ROWS, BLOCK_V)
-            tl.debug_barrier()  # the rows written, visible to every thread
+                truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
+                history, node_stage, stage)
+            if SPLIT:
+                # The request's programs share the pass, slice by slice.
+                record = history + stage * STAGE_WORDS
+                taken = take_slice(record)
+                while taken < num_splits:
+                    first = taken * chunks_per_split * BLOCK_V
+                    slice_totals = _rejection_pass(*pass_rows, first,
+                                                   tl.minimum(first + chunks_per_split * BLOCK_V, vocab_size),
+                                                   LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT, ROWS, BLOCK_V)
+                    publish_slice(record, *slice_totals)
+                    taken = take_slice(record)
+                wait_for_stage(record, num_splits, timeouts_ptr)
+                residual_high, residual_low, target_high, target_low, drawn_high, drawn_low = stage_totals(record)
+            else:
+                residual_high, residual_low, target_high, target_low, drawn_high, drawn_low = _rejection_pass(
+                    *pass_rows, 0, vocab_size, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT, ROWS, BLOCK_V)
+                tl.debug_barrier()  # the rows written, visible to every thread
             use_residual = (residual_high != 0) | (residual_low != 0)
             scratch_node = tl.where(writing, node, scratch_node)
             pending_node = tl.where(rejecting, node, pending_node)
@@ -353,12 +478,18 @@ def _tree_verify_kernel(
                                                            tl.where(use_residual, residual_low, target_low)),
                                     p_reciprocal)
             q_reciprocal = tl.where(rejecting, normaliser_reciprocal(drawn_high, drawn_low), q_reciprocal)
+            if SPLIT:
+                record_rejection(history + stage * STAGE_WORDS, pending_token, pending_residual, p_reciprocal,
+                                 q_reciprocal)
+                stage += 1
 
         rejected_here = tl.where(accepted, 0, tl.where(trying, 1, rejected_here))
         depth += accepted.to(tl.int32)
-        tl.store(accepted_row + depth, child, mask=accepted)
-        tl.store(output_row + depth - 1, token.to(tl.int32), mask=accepted)
+        tl.store(accepted_row + depth, child, mask=accepted & writes)
+        tl.store(output_row + depth - 1, token.to(tl.int32), mask=accepted & writes)
         node = tl.where(accepted, child, node)
+        if SPLIT:
+            node_stage = tl.where(tl.max(accepted.to(tl.int32), axis=0) > 0, stage, node_stage)
         last = tl.where(last < limit, child, last)
 
     target_row = row_pointers(target_ptr, requests, stride_target_b, node, stride_target_n)
@@ -370,21 +501,43 @@ def _tree_verify_kernel(
         token = tl.where(takes_bonus, tl.load(bonus_ptr + requests, mask=takes_bonus, other=-1).to(tl.int32), token)
         sampled = sampled & ~takes_bonus
     if tl.max(sampled.to(tl.int32), axis=0) > 0:
-        sampled_token = _sample_rows(
+        slot = requests.to(tl.int64) * num_chunks
+        sample_rows = (
             target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], sampled,
             (scratch_node == node)[:, None], p_max[:, None], p_inverse_norm[:, None], q_max[:, None],
             q_inverse_norm[:, None], inverse_temperature[:, None], (pending_node == node).to(tl.int32)[:, None],
             pending_token[:, None], pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None],
             truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
-            chunk_total_ptr, chunk_pick_ptr, requests, k0, k1, c2, c3, node, num_chunks, vocab_size,
-            LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, ROWS, BLOCK_V, CHUNK_TILE)
-        token = tl.where(sampled, sampled_token, token)
-    tl.store(num_accepted_ptr + requests, depth, mask=active)
+            history, node_stage, stage, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node)
+        if SPLIT:
+            record = history + stage * STAGE_WORDS
+            taken = take_slice(record)
+            while taken < num_splits:
+                first_chunk = taken * chunks_per_split
+                _sample_chunks(*sample_rows, first_chunk, tl.minimum(first_chunk + chunks_per_split, num_chunks),
+                               vocab_size, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT, BLOCK_V)
+                publish_chunks(record)
+                taken = take_slice(record)
+            stage += 1
+            if writer:  # only the writer needs the token
+                wait_for_stage(record, num_splits, timeouts_ptr)
+                sampled_token = _choose_sample(chunk_total_ptr, chunk_pick_ptr, slot, sampled, k0, k1, c2, c3, node,
+                                               num_chunks, ROWS, CHUNK_TILE)
+                token = tl.where(sampled, sampled_token, token)
+        else:
+            _sample_chunks(*sample_rows, 0, num_chunks, vocab_size, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT,
+                           BLOCK_V)
+            sampled_token = _choose_sample(chunk_total_ptr, chunk_pick_ptr, slot, sampled, k0, k1, c2, c3, node,
+                                           num_chunks, ROWS, CHUNK_TILE)
+            token = tl.where(sampled, sampled_token, token)
+    tl.store(num_accepted_ptr + requests, depth, mask=writes)
     nodes = tl.arange(0, BLOCK_N)[None, :]
     for start in range(0, tree_size, BLOCK_N):
         index = start + nodes
-        in_tree = active[:, None] & (index < tree_size)
+        in_tree = writes[:, None] & (index < tree_size)
         tl.store(accepted_row[:, None] + index, tl.full((ROWS, BLOCK_N), -1, tl.int32),
                  mask=in_tree & (index > depth[:, None]))
         tl.store(output_row[:, None] + index, tl.where(index == depth[:, None], token[:, None], -1),
                  mask=in_tree & (index >= depth[:, None]))
+    if SPLIT:
+        end_request(history, stage, tree_size, num_splits)

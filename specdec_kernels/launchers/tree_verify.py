@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _workspace
-from ._shapes import cdiv, next_power_of_2, unit_last_stride
+from ._shapes import cdiv, multiprocessor_count, next_power_of_2, unit_last_stride
 from .chain_verify import CHUNK_SIZE, SEARCH_CANDIDATES, split_words
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
@@ -34,6 +34,13 @@ MAX_CHUNK_TILE = 1024
 INTERPRETER_TILE = 32768
 INTERPRETER_MAX_BLOCK_N = 64
 INTERPRETER_SEARCH_TILE = 1 << 20
+# Small batches split each request's vocabulary passes over several programs
+# (kernels/tree_verify_stages.py): on a GPU about one program per SM in all;
+# under the interpreter as if there were INTERPRETER_MULTIPROCESSORS SMs, at
+# most INTERPRETER_MAX_SPLITS slices, so that the tests cross slices.
+INTERPRETER_MULTIPROCESSORS = 8
+INTERPRETER_MAX_SPLITS = 3
+STAGE_WORDS = 16  # int64 words of a stage record (kernels/tree_verify_stages.py)
 
 
 class LaunchConfig(NamedTuple):
@@ -43,14 +50,46 @@ class LaunchConfig(NamedTuple):
     num_chunks: int
     chunk_tile: int
     search_block: int  # vocabulary tile of the top-k/top-p search
+    num_splits: int  # programs per request (1: a program walks whole requests)
+    chunks_per_split: int  # sampler chunks per slice of the vocabulary
 
 
-def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter: bool = False) -> LaunchConfig:
+def vocabulary_splits(batch_size: int, vocab_size: int, multiprocessors: int | None) -> tuple[int, int]:
+    """``(splits, chunks_per_split)``: slices of whole sampler chunks per request; ``None``: the interpreter.
+
+    A split pays an L2 round trip per stage (a rejection or the sample), so
+    it is used only when the batch alone leaves SMs idle: ``B * splits``
+    stays within one program per SM.
+    """
+    num_chunks = cdiv(vocab_size, CHUNK_SIZE)
+    if multiprocessors is None:
+        wanted = min(INTERPRETER_MAX_SPLITS, INTERPRETER_MULTIPROCESSORS // max(batch_size, 1))
+    else:
+        wanted = multiprocessors // max(batch_size, 1)
+    wanted = min(wanted, num_chunks)
+    if wanted <= 1:
+        return 1, num_chunks
+    chunks_per_split = cdiv(num_chunks, wanted)
+    return cdiv(num_chunks, chunks_per_split), chunks_per_split
+
+
+def split_batch_bound(multiprocessors: int | None) -> int:
+    """The largest batch :func:`vocabulary_splits` may split (the stage records cover that many requests)."""
+    if multiprocessors is None:
+        return INTERPRETER_MULTIPROCESSORS // 2 if INTERPRETER_MAX_SPLITS > 1 else 0
+    return multiprocessors // 2
+
+
+def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter: bool = False,
+                  multiprocessors: int | None = None) -> LaunchConfig:
+    """How to launch; ``multiprocessors`` (GPU) sizes the split, the interpreter has its own."""
     tile = INTERPRETER_TILE if interpreter else TILE
     num_chunks = cdiv(vocab_size, CHUNK_SIZE)
     block_v = min(next_power_of_2(vocab_size), CHUNK_SIZE)
+    num_splits, chunks_per_split = vocabulary_splits(
+        batch_size, vocab_size, None if interpreter else (multiprocessors or 1))
     rows = max(1, min(tile // block_v, next_power_of_2(batch_size)))
-    if not interpreter:
+    if not interpreter or num_splits > 1:
         rows = min(rows, MAX_ROWS)
     block_n = max(1, min(next_power_of_2(tree_size), tile // rows))
     if interpreter:
@@ -60,7 +99,7 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
     # under the interpreter, where fewer, larger steps are faster.
     search_tile = TILE if tile <= TILE else INTERPRETER_SEARCH_TILE
     search_block = max(1, min(block_v, search_tile // (rows * SEARCH_CANDIDATES)))
-    return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile, search_block)
+    return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile, search_block, num_splits, chunks_per_split)
 
 
 def scratch_rows(has_draft: bool, draft_sampling: str) -> int:
@@ -68,19 +107,26 @@ def scratch_rows(has_draft: bool, draft_sampling: str) -> int:
     return 2 if has_draft and draft_sampling == "without_replacement" else 1
 
 
-def triton_workspace_specs(batch_size: int, vocab_size: int, rows: int = 2) -> dict[str, tuple[int, torch.dtype]]:
+def triton_workspace_specs(batch_size: int, tree_size: int, vocab_size: int, multiprocessors: int | None,
+                           rows: int = 2) -> dict[str, tuple[int, torch.dtype]]:
     """The workspace of one launch, ``{name: (numel, dtype)}``, in the kernel's parameter order.
 
-    ``rows`` is :func:`scratch_rows` (2 covers every call). Every size is
-    non-decreasing in ``B`` and ``V``, so reserving for the largest call
-    covers the smaller ones. Nothing here is a counter: every call writes
-    what it reads.
+    ``rows`` is :func:`scratch_rows` (2 covers every call); ``multiprocessors``
+    ``None`` means the interpreter. Every size is non-decreasing in ``B``,
+    ``N`` and ``V``, so reserving for the largest call covers the smaller
+    ones. The stage records of split requests (``N + 1`` records per request,
+    for at most :func:`split_batch_bound` requests) are counters: every call
+    leaves them at zero, and ``timeout_counter`` counts waits that gave up
+    (0 unless something is badly wrong).
     """
     num_chunks = cdiv(vocab_size, CHUNK_SIZE)
+    split_requests = min(batch_size, split_batch_bound(multiprocessors))
     return {
         "tree_verify.scratch": (batch_size * rows * vocab_size, torch.float32),
         "tree_verify.chunk_total": (batch_size * num_chunks, torch.int64),
         "tree_verify.chunk_pick": (batch_size * num_chunks, torch.int32),
+        "tree_verify.stage_counters": (max(1, split_requests * (tree_size + 1) * STAGE_WORDS), torch.int64),
+        "tree_verify.timeout_counter": (1, torch.int32),
     }
 
 
@@ -107,14 +153,18 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
         unit_last_stride(tensor) for tensor in (target, draft, num_nodes, temperature, seed_tensor, offset_tensor,
                                                 top_k, top_p, min_p, bonus_token_ids)
     )
-    config = launch_config(batch_size, tree_size, vocab_size, interpreter=device.type != "cuda")
+    multiprocessors = multiprocessor_count(device) if device.type == "cuda" else None
+    config = launch_config(batch_size, tree_size, vocab_size, interpreter=multiprocessors is None,
+                           multiprocessors=multiprocessors)
     rows = scratch_rows(draft is not None, draft_sampling)
     # Triton launches on the current device: make it the tensors' device.
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
-        scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, vocab_size, rows))
+        scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, tree_size, vocab_size,
+                                                                    multiprocessors, rows))
         placeholder = target
-        _tree_verify_kernel[(cdiv(batch_size, config.rows),)](
+        grid = (cdiv(batch_size, config.rows) * config.num_splits,)
+        _tree_verify_kernel[grid](
             tree_token_ids, parents, target, placeholder if draft is None else draft,
             placeholder if num_nodes is None else num_nodes, placeholder if temperature is None else temperature,
             *(placeholder if tensor is None else tensor for tensor in (top_k, top_p, min_p, bonus_token_ids)),
@@ -122,7 +172,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
             accepted_nodes, output, num_accepted,
             *scratch.values(),
-            batch_size, tree_size, vocab_size, config.num_chunks,
+            batch_size, tree_size, vocab_size, config.num_chunks, config.num_splits, config.chunks_per_split,
             tree_token_ids.stride(0), tree_token_ids.stride(1), parents.stride(0), parents.stride(1),
             target.stride(0), target.stride(1),
             0 if draft is None else draft.stride(0), 0 if draft is None else draft.stride(1),
@@ -134,7 +184,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, SCRATCH_ROWS=rows,
             HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
             TRUNCATE=top_k is not None or top_p is not None or min_p is not None,
-            HAS_BONUS=bonus_token_ids is not None, SEARCH_BLOCK=config.search_block,
+            HAS_BONUS=bonus_token_ids is not None, SPLIT=config.num_splits > 1, SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_N=config.block_n, BLOCK_V=config.block_v, CHUNK_TILE=config.chunk_tile,
             num_warps=NUM_WARPS, enable_fp_fusion=False,
             **({"maxnreg": MAX_REGISTERS} if device.type == "cuda" else {}),

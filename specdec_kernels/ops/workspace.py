@@ -7,10 +7,12 @@ import torch
 from .. import _backend, _workspace
 from ..launchers import chain_verify as chain_verify_launchers
 from ..launchers import tree_verify as tree_verify_launchers
+from ..launchers._shapes import multiprocessor_count
 
 
 def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vocab_size: int,
-                      logits: bool = False, trees: bool = False, stream=None, for_capture: bool = True) -> None:
+                      logits: bool = False, trees: bool = False, max_tree_nodes: int = 1024, stream=None,
+                      for_capture: bool = True) -> None:
     """Reserve the scratch buffers of ``chain_verify`` (and ``tree_verify``) for calls up to the given sizes.
 
     The fused kernels keep arrival counters and partial results in buffers
@@ -29,8 +31,13 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
         Whether the calls pass logits (they need more scratch).
     trees : bool
         Also reserve for ``tree_verify`` calls of up to ``batch_size``
-        requests over ``vocab_size`` tokens (any tree size): its scratch
-        rows are ``2 * B * V`` float32.
+        requests over ``vocab_size`` tokens: its scratch rows are
+        ``2 * B * V`` float32.
+    max_tree_nodes : int
+        With ``trees``, the largest ``N`` of those calls: small batches
+        share each request's vocabulary passes among programs through
+        ``N + 1`` records of 128 bytes per request (for at most half as
+        many requests as the GPU has SMs).
     stream : torch.cuda.Stream, optional
         The stream the calls will run on (default: the current stream).
     for_capture : bool
@@ -48,7 +55,7 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     for name, value in (("batch_size", batch_size), ("max_draft_tokens", max_draft_tokens),
-                        ("vocab_size", vocab_size)):
+                        ("vocab_size", vocab_size), ("max_tree_nodes", max_tree_nodes)):
         if not isinstance(value, int) or value < (1 if name != "max_draft_tokens" else 0):
             raise ValueError(f"reserve_workspace: `{name}` must be a positive int; got {value!r}")
     rows_per_request = max_draft_tokens + 1
@@ -60,7 +67,9 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
         specs.update(chain_verify_launchers.cuda_workspace_specs(
             batch_size, rows_per_request, vocab_size, logits, device))
     if trees and _backend.available("tree_verify", "triton", device):
-        specs.update(tree_verify_launchers.triton_workspace_specs(batch_size, vocab_size))
+        multiprocessors = multiprocessor_count(device) if device.type == "cuda" else None
+        specs.update(tree_verify_launchers.triton_workspace_specs(batch_size, max_tree_nodes, vocab_size,
+                                                                  multiprocessors))
     if trees and _backend.available("tree_verify", "cuda", device):
         specs.update(tree_verify_launchers.cuda_workspace_specs(batch_size, vocab_size))
     _workspace.reserve(device, specs, stream=stream, for_capture=for_capture)
