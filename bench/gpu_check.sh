@@ -74,7 +74,7 @@ hazards_status=0
 hazards_failed=""
 echo "== hazard checks (bench/hazards.py)" >>"$out/tests.log"
 for check in graph_replay grow_after_capture graphs_out_of_order two_streams small_vocabularies \
-             stride_overflow logits_busy_gpu compile_reduce_overhead throughput fuzz; do
+             stride_overflow logits_busy_gpu tree_split_busy_gpu compile_reduce_overhead throughput fuzz; do
     left=$(( hazards_timeout - $(stage_seconds "$t0") ))
     limit=$(( left < 60 ? left : 60 ))
     [ "$check" = fuzz ] && limit=$left  # the fuzz, last, gets what is left

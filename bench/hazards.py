@@ -1,4 +1,4 @@
-"""GPU hazard checks of the fused chain kernels, one check per process.
+"""GPU hazard checks of the fused verification kernels, one check per process.
 
     python bench/hazards.py CHECK [--backends triton,cuda]
 
@@ -196,6 +196,49 @@ def logits_busy_gpu(backend):
     actual = sk.chain_verify(ids, target, draft, logits=True, seed=6, offset=0, backend=backend)
     torch.cuda.synchronize()
     return same(expected, actual, logits=True) and counters_at_zero(), "finished while a matmul stream ran"
+
+
+def bushy_tree(batch_size, tree_size, vocab_size, seed):
+    """``(ids, parents, target, draft)``: every node's parent among the first 4, tokens drawn from the parent's
+    draft row, a sharp target: most children rejected, many stages at each node."""
+    generator = torch.Generator("cuda").manual_seed(seed)
+    parents = torch.tensor([-1] + [min(i - 1, i % 4) for i in range(1, tree_size)], device="cuda",
+                           dtype=torch.int32).expand(batch_size, tree_size).contiguous()
+    target = torch.softmax(torch.randn(batch_size, tree_size, vocab_size, generator=generator, device="cuda") * 4, -1)
+    draft = torch.softmax(torch.randn(batch_size, tree_size, vocab_size, generator=generator, device="cuda"), -1)
+    rows = draft[torch.arange(batch_size, device="cuda").view(-1, 1), parents.clamp_min(0).long()]
+    ids = torch.multinomial(rows.view(-1, vocab_size), 1, generator=generator).view(batch_size, tree_size)
+    return ids, parents, target, draft
+
+
+@check
+def tree_split_busy_gpu(backend):
+    """tree_verify at B=2 (the split plan: about 66 programs per request share each pass) while another stream
+    keeps SMs busy, then under graph replay with advancing offsets: the reference's bits, no hang."""
+    ids, parents, target, draft = bushy_tree(2, 64, 128256, seed=9)
+    expected = [sk.tree_verify(ids, parents, target, draft, seed=3, offset=step, backend="reference")
+                for step in range(4)]
+    side = torch.cuda.Stream()
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    with torch.cuda.stream(side):
+        for _ in range(20):
+            a = a @ a.T * 1e-4
+    busy = sk.tree_verify(ids, parents, target, draft, seed=3, offset=0, backend=backend)
+    torch.cuda.synchronize()
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+    sk.reserve_workspace(batch_size=2, max_draft_tokens=0, vocab_size=128256, trees=True, max_tree_nodes=64)
+    sk.tree_verify(ids, parents, target, draft, seed=3, offset=offset, backend=backend)  # compiles outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = sk.tree_verify(ids, parents, target, draft, seed=3, offset=offset, backend=backend)
+    replayed = True
+    for step in range(4):
+        offset.fill_(step)
+        graph.replay()
+        replayed &= same(expected[step], captured)
+    accepted = float(expected[0][2].float().mean())
+    return (same(expected[0], busy) and replayed and counters_at_zero(),
+            f"mean accepted {accepted:.2f}; busy and 4 replays equal the reference")
 
 
 @check
