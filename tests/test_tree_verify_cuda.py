@@ -23,8 +23,10 @@ import torch
 
 import specdec_kernels as sk
 from conftest import extension_op_marks
+from specdec_kernels import rng
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
 from specdec_kernels.launchers.tree_verify import cuda_workspace_specs
+from specdec_kernels.reference import _sampling
 from specdec_kernels.reference import tree_verify as reference
 from sampling_parameter_cases import (
     PARAMETER_SETS,
@@ -313,28 +315,103 @@ def test_host_program_logits_agree(draft_mode):
     assert min(rates) >= 0.9 and sum(rates) / len(rates) >= 0.95
 
 
+def workspace_rows(workspace, batch_size, vocab_size):
+    """The requests' two float32 workspace rows (base p, base q) as int32 bits, [B, 2, V]; V = 2100."""
+    assert vocab_size == 2100
+    slot_words, row_floats = 2 * 5, vocab_size  # 3 chunks: 9 words, rounded up to 10; 2100 is a multiple of 4
+    rows = workspace.view(batch_size, slot_words + row_floats)[:, slot_words:].contiguous().view(torch.int32)
+    return rows.view(batch_size, 2, row_floats)
+
+
 @needs_op
 @pytest.mark.parametrize("draft_mode", DRAFT_MODES)
 def test_host_program_residual_rows_are_the_reference_normaliser(draft_mode):
-    """The workspace rows after three rejections at the root equal _sampling's residual and normalise,
-    bit for bit (outputs alone would rarely show a rounding difference in them)."""
+    """A rejection is left pending; only a second one at the node writes the rows, with all rejections
+    but the last applied (the base the pending one applies to). After one rejection at the root the
+    workspace rows are untouched; after two or three they equal _sampling's residual and normalise of
+    the first one or two, bit for bit (outputs alone would rarely show a rounding difference in them).
+    q is written without replacement only."""
     batch_size, vocab_size = 3, 2100
     ids, parents, target, draft = rejected_root_case(batch_size, vocab_size)
-    case = dict(tree_token_ids=ids, parents=parents, target=target, draft=None if draft_mode is None else draft,
-                num_nodes=None, temperature=None, logits=False, draft_sampling=draft_mode or "without_replacement")
+    draft = None if draft_mode is None else draft
+    sampling = draft_mode or "without_replacement"
     words = cuda_workspace_specs(batch_size, vocab_size)["tree_verify_cuda.workspace"][0]
-    workspace = torch.full((words,), -1, dtype=torch.int64)
-    outputs = (torch.zeros(batch_size, 4, dtype=torch.int32), torch.zeros(batch_size, 4, dtype=torch.int32),
-               torch.zeros(batch_size, dtype=torch.int32))
-    torch.ops.specdec_C.tree_verify(ids, parents, target, case["draft"], None, None, False,
-                                    case["draft_sampling"], None, 1, None, 2, workspace, *outputs)
-    assert_same(outputs, run_reference(case, 1, 2), "outputs")
-    p, q = rows_after_rejections(ids, target, case["draft"], draft_mode, (1, 2, 3))
-    slot_words, row_floats = 2 * 5, vocab_size  # 3 chunks: 9 words, rounded up to 10; 2100 is a multiple of 4
-    rows = workspace.view(batch_size, slot_words + row_floats)[:, slot_words:].contiguous().view(torch.float32)
-    assert torch.equal(rows[:, :vocab_size], p)
-    if draft_mode == "without_replacement":
-        assert torch.equal(rows[:, row_floats:row_floats + vocab_size], q)
+    untouched = torch.full((batch_size, vocab_size), -1, dtype=torch.int32)
+    for num_children in (1, 2, 3):
+        num_nodes = torch.full((batch_size,), num_children + 1, dtype=torch.int32)
+        case = dict(tree_token_ids=ids, parents=parents, target=target, draft=draft, num_nodes=num_nodes,
+                    temperature=None, logits=False, draft_sampling=sampling)
+        workspace = torch.full((words,), -1, dtype=torch.int64)
+        outputs = (torch.zeros(batch_size, 4, dtype=torch.int32), torch.zeros(batch_size, 4, dtype=torch.int32),
+                   torch.zeros(batch_size, dtype=torch.int32))
+        torch.ops.specdec_C.tree_verify(ids, parents, target, draft, num_nodes, None, False, sampling, None, 1,
+                                        None, 2, workspace, *outputs)
+        assert_same(outputs, run_reference(case, 1, 2), f"outputs, {num_children} children")
+        assert int(outputs[2].max()) == 0, "every child is rejected"
+        rows = workspace_rows(workspace, batch_size, vocab_size)
+        if num_children == 1:
+            assert torch.equal(rows[:, 0], untouched), "one rejection writes nothing"
+            assert torch.equal(rows[:, 1], untouched)
+            continue
+        p, q = rows_after_rejections(ids, target, draft, draft_mode, tuple(range(1, num_children)))
+        assert torch.equal(rows[:, 0], p.view(torch.int32)), f"p after {num_children - 1} rejections"
+        if draft_mode == "without_replacement":
+            assert torch.equal(rows[:, 1], q.view(torch.int32)), f"q after {num_children - 1} rejections"
+        else:
+            assert torch.equal(rows[:, 1], untouched), "q is not rewritten"
+
+
+def many_rejections_case(batch_size, vocab_size, num_children, draft_mode, seed):
+    """A root with ``num_children`` children, each with one child of its own; the root's target and draft
+    rows are independent, so most tries at the root are rejected, and an acceptance after rejections walks
+    on below. Root candidates: drawn from the draft row (with or without replacement), or the target's
+    likeliest tokens with ``draft=None`` (each rejection removes much of p)."""
+    generator = torch.Generator().manual_seed(seed)
+    tree_size = 2 * num_children + 1
+    parents = torch.tensor([-1] + [0] * num_children + list(range(1, num_children + 1)), dtype=torch.int32)
+    parents = parents.expand(batch_size, -1).contiguous()
+    target = torch.softmax(torch.randn(batch_size, tree_size, vocab_size, generator=generator) * 2, dim=-1)
+    draft = torch.softmax(torch.randn(batch_size, tree_size, vocab_size, generator=generator) * 2, dim=-1)
+    if draft_mode is None:
+        root = target[:, 0].topk(num_children, dim=-1).indices
+    else:
+        root = torch.multinomial(draft[:, 0], num_children, replacement=draft_mode == "with_replacement",
+                                 generator=generator)
+    below = torch.multinomial(draft[:, 1:num_children + 1].reshape(-1, vocab_size), 1, generator=generator)
+    ids = torch.cat([torch.zeros(batch_size, 1, dtype=torch.int64), root, below.view(batch_size, num_children)], 1)
+    return dict(tree_token_ids=ids, parents=parents, target=target, draft=None if draft_mode is None else draft,
+                num_nodes=None, temperature=None, logits=False, draft_sampling=draft_mode or "without_replacement")
+
+
+@needs_op
+@pytest.mark.parametrize("vocab_size", [300, 2100])
+@pytest.mark.parametrize("num_children", [2, 3, 4])
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_host_program_pending_rejection_is_applied_exactly_once(draft_mode, num_children, vocab_size):
+    """2, 3 and 4 children tried at one node: the acceptance gathers, the writing passes (the second
+    rejection writes from the inputs, later ones overwrite the workspace in place) and the final sample
+    each see every rejection exactly once, bit for bit with the reference. The case can tell: for some
+    request whose root children were all rejected, sampling p with the last rejection not applied, or
+    applied twice (with a draft; without one a second application only re-rounds), emits another token."""
+    batch_size = 64
+    case = many_rejections_case(batch_size, vocab_size, num_children, draft_mode, seed=10 * num_children + vocab_size)
+    seed, offset = random_state("per-request-seed", batch_size, "cpu")
+    result = run_op(case, seed, offset)
+    expected = run_reference(case, seed, offset)
+    assert_same(result, expected, f"{num_children} children, draft={draft_mode}")
+
+    accepted_nodes, output, num_accepted = expected
+    all_rejected = num_accepted == 0
+    assert int(all_rejected.sum()) >= batch_size // 2, "most requests reject every child at the root"
+    assert bool((accepted_nodes[:, 1] > 1).any()), "some request accepts a child after rejections"
+    ids, target, draft = case["tree_token_ids"], case["target"], case["draft"]
+    children = tuple(range(1, num_children + 1))
+    keys = rng.RequestKeys(seed, offset, batch_size, torch.device("cpu"))
+    root = torch.zeros(batch_size, dtype=torch.int64)
+    for wrong in [children[:-1]] + ([children + children[-1:]] if draft is not None else []):
+        p, _ = rows_after_rejections(ids, target, draft, draft_mode, wrong)
+        tokens = _sampling.sample(keys, root, _sampling.fixed_point(p))
+        assert bool((tokens != output[:, 0].long())[all_rejected].any()), f"rejections {wrong} emit the same tokens"
 
 
 # ---------------------------------------------------------------------------
@@ -377,8 +454,9 @@ def test_host_program_sampling_parameters_large_vocabulary():
 @needs_op
 @pytest.mark.parametrize("draft_mode", DRAFT_MODES)
 def test_host_program_truncated_residual_rows_are_the_reference(draft_mode):
-    """The workspace row after three rejections at the root is the residual of the *truncated* root row,
-    bit for bit: a threshold or reciprocal off by anything shows here, where tokens would rarely differ.
+    """The workspace row after three rejections at the root (written by the third one's pass, the third
+    pending) is the residual of the *truncated* root row after the first two, bit for bit: a threshold or
+    reciprocal off by anything shows here, where tokens would rarely differ.
     One request per parameter mix; ties (quantised rows) at top-k's and top-p's thresholds."""
     from specdec_kernels.reference import _truncation
 
@@ -403,10 +481,8 @@ def test_host_program_truncated_residual_rows_are_the_reference(draft_mode):
     assert_same(outputs, run_reference(case, 1, 2), "outputs")
     truncated = _truncation.truncate(target, top_k, top_p, min_p)
     assert bool(((truncated[:, 0] == 0).sum(-1) > (target[:, 0] == 0).sum(-1)).all()), "every request drops tokens"
-    p, _ = rows_after_rejections(ids, truncated, draft, draft_mode, (1, 2, 3))
-    slot_words = 2 * 5  # 3 chunks: 9 words, rounded up to 10
-    rows = workspace.view(batch_size, slot_words + vocab_size)[:, slot_words:].contiguous().view(torch.float32)
-    assert torch.equal(rows[:, :vocab_size], p)
+    p, _ = rows_after_rejections(ids, truncated, draft, draft_mode, (1, 2))  # the third is pending
+    assert torch.equal(workspace_rows(workspace, batch_size, vocab_size)[:, 0], p.view(torch.int32))
 
 
 @needs_op

@@ -197,8 +197,8 @@ def cuda_workspace_specs(batch_size: int, vocab_size: int) -> dict[str, tuple[in
 
     ``workspace`` (int64), per request: three words per 1024-token chunk
     (the final sample's chunk totals and candidates), rounded up to even,
-    then two float32 rows of ``V`` rounded up to 4 (the residual target and
-    proposal after a rejection) — the layout of
+    then two float32 rows of ``V`` rounded up to 4 (the base target and
+    proposal rows, written at a second rejection at a node) — the layout of
     ``csrc/include/specdec/tree_verify.cuh``. Contents need not be
     initialised and no call leaves state behind. Non-decreasing in ``B`` and
     ``V``, so a reservation for the largest sizes serves every smaller call.

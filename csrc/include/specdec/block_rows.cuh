@@ -92,21 +92,6 @@ SPECDEC_HOST_DEVICE StatsPair slice_stats(const Block& block, const Prob* target
   return block.block_all_reduce(stats, MergeStatsPair{temperature});
 }
 
-// The row a target samples from: `target`, minus the `draft` row (or the
-// one-hot of `stop_token`) after the rejection of a valid id (chain_verify's
-// stop row; tree_verify samples its residual rows with kWays == 1).
-template <class Prob>
-struct SampleRow {
-  const Prob* target;
-  const Prob* draft;   // the rejected draft row, or nullptr (one-hot, or nothing to subtract)
-  int64_t stop_token;  // the rejected id when the draft is one-hot, else -1
-  uint32_t position;   // the RNG position (chain: `stop`; tree: the current node)
-  bool logits;
-  float temperature;
-  SoftmaxStats target_stats, draft_stats;  // logits only
-  Truncation target_truncation;            // of the target row (top-k/top-p/min-p), off when zeroed
-};
-
 // values[first, first + kPerThread) as floats, 0 past the vocabulary. On the
 // GPU one vector load (16 bytes of fp32, 8 of bf16/fp16) when the span is
 // whole and aligned, which it is for every full chunk of a row whose start
@@ -144,11 +129,65 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_probability_span(const Prob* v
   for (int j = 0; j < kPerThread; ++j) out[j] = first + j < vocab_size ? softmax_prob(out[j], stats, temperature) : 0.0f;
 }
 
+// The row a target samples from: `target`, minus the `draft` row (or the
+// one-hot of `stop_token`) after the rejection of a valid id (chain_verify's
+// stop row; tree_verify samples its current row with kWays == 1 through a
+// row type of its own).
+//
+// sample_slice reads a row through two calls per span of kPerThread entries,
+// which any row type provides: `load` fetches the raw values (issued a chunk
+// ahead of their use) and `weigh` turns them into the kWays weight vectors.
+template <class Prob>
+struct SampleRow {
+  const Prob* target;
+  const Prob* draft;   // the rejected draft row, or nullptr (one-hot, or nothing to subtract)
+  int64_t stop_token;  // the rejected id when the draft is one-hot, else -1
+  uint32_t position;   // the RNG position (chain: `stop`; tree: the current node)
+  bool logits;
+  float temperature;
+  SoftmaxStats target_stats, draft_stats;  // logits only
+  Truncation target_truncation;            // of the target row (top-k/top-p/min-p), off when zeroed
+
+  template <int kWays, int kPerThread>
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load(int64_t first, int64_t vocab_size, float (&p)[kPerThread],
+                                                    float (&q)[kPerThread]) const {
+    load_span(target, first, vocab_size, p);
+    if (kWays == 2 && draft != nullptr) load_span(draft, first, vocab_size, q);
+  }
+
+  template <int kWays, int kPerThread>
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t vocab_size, const float (&p)[kPerThread],
+                                                     const float (&q)[kPerThread],
+                                                     uint64_t (&weights)[kWays][kPerThread]) const {
+    SPECDEC_UNROLL
+    for (int j = 0; j < kPerThread; ++j) {
+      const bool inside = first + j < vocab_size;
+      float target_prob = p[j];
+      if (logits) target_prob = inside ? softmax_prob(p[j], target_stats, temperature) : 0.0f;
+      target_prob = truncated_probability(target_prob, target_truncation);
+      if (kWays == 2) {
+        float draft_prob = q[j];
+        if (draft == nullptr) {
+          draft_prob = first + j == stop_token ? 1.0f : 0.0f;
+        } else if (logits) {
+          draft_prob = inside ? softmax_prob(q[j], draft_stats, temperature) : 0.0f;
+        }
+        // fixed_point_weight maps p - q <= 0 (and NaN) to 0: max(0, p - q).
+        weights[0][j] = fixed_point_weight(fsub_rn(target_prob, draft_prob));
+        weights[kWays - 1][j] = fixed_point_weight(target_prob);
+      } else {
+        weights[0][j] = fixed_point_weight(target_prob);
+      }
+    }
+  }
+};
+
 // Samples chunks [chunk_lo, chunk_hi) of the row (sampling.cuh): writes each
 // chunk's totals and candidates. kWays == 2 after a rejection: way 0 the
-// residual, way 1 p (the fallback); kWays == 1: way 0 is p.
-template <int kWays, class Block, class Prob>
-SPECDEC_HOST_DEVICE void sample_slice(const Block& block, const SampleRow<Prob>& row, const RequestKey& key,
+// residual, way 1 p (the fallback); kWays == 1: way 0 is p. `Row` is
+// SampleRow or another type with its position, load and weigh.
+template <int kWays, class Block, class Row>
+SPECDEC_HOST_DEVICE void sample_slice(const Block& block, const Row& row, const RequestKey& key,
                                       int64_t vocab_size, int64_t chunk_lo, int64_t chunk_hi,
                                       const ChunkSlots& slots) {
   constexpr int kPerThread = static_cast<int>(kChunkSize) / Block::kThreads;
@@ -160,12 +199,10 @@ SPECDEC_HOST_DEVICE void sample_slice(const Block& block, const SampleRow<Prob>&
     const int64_t group_end = group + block.num_threads() < chunk_hi ? group + block.num_threads() : chunk_hi;
     // The next chunk's span is loaded before this chunk's scan and its
     // barriers, so two loads per thread are in flight instead of one.
-    const bool with_draft = kWays == 2 && row.draft != nullptr;
     const int64_t thread_offset = static_cast<int64_t>(block.thread()) * kPerThread;
     float next_p[kPerThread];
     float next_q[kPerThread] = {};
-    load_span(row.target, group * kChunkSize + thread_offset, vocab_size, next_p);
-    if (with_draft) load_span(row.draft, group * kChunkSize + thread_offset, vocab_size, next_q);
+    row.template load<kWays>(group * kChunkSize + thread_offset, vocab_size, next_p, next_q);
     for (int64_t chunk = group; chunk < group_end; ++chunk) {
       const int64_t first = chunk * kChunkSize + thread_offset;
       float p[kPerThread];
@@ -175,31 +212,9 @@ SPECDEC_HOST_DEVICE void sample_slice(const Block& block, const SampleRow<Prob>&
         p[j] = next_p[j];
         q[j] = next_q[j];
       }
-      if (chunk + 1 < group_end) {
-        load_span(row.target, first + kChunkSize, vocab_size, next_p);
-        if (with_draft) load_span(row.draft, first + kChunkSize, vocab_size, next_q);
-      }
+      if (chunk + 1 < group_end) row.template load<kWays>(first + kChunkSize, vocab_size, next_p, next_q);
       uint64_t weights[kWays][kPerThread];
-      SPECDEC_UNROLL
-      for (int j = 0; j < kPerThread; ++j) {
-        const bool inside = first + j < vocab_size;
-        float target_prob = p[j];
-        if (row.logits) target_prob = inside ? softmax_prob(p[j], row.target_stats, row.temperature) : 0.0f;
-        target_prob = truncated_probability(target_prob, row.target_truncation);
-        if (kWays == 2) {
-          float draft_prob = q[j];
-          if (row.draft == nullptr) {
-            draft_prob = first + j == row.stop_token ? 1.0f : 0.0f;
-          } else if (row.logits) {
-            draft_prob = inside ? softmax_prob(q[j], row.draft_stats, row.temperature) : 0.0f;
-          }
-          // fixed_point_weight maps p - q <= 0 (and NaN) to 0: max(0, p - q).
-          weights[0][j] = fixed_point_weight(fsub_rn(target_prob, draft_prob));
-          weights[kWays - 1][j] = fixed_point_weight(target_prob);
-        } else {
-          weights[0][j] = fixed_point_weight(target_prob);
-        }
-      }
+      row.template weigh<kWays>(first, vocab_size, p, q, weights);
       uint64_t totals[kWays];
       int32_t offsets[kWays];
       const uint32_t crossings = pick_in_chunk(block, weights, draws[chunk - group], totals, offsets);

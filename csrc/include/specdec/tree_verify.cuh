@@ -16,22 +16,34 @@
 // Acceptance (sampled requests): u * q(t) < p(t) in float32, u from the
 // acceptance stream at position = child, q one-hot without a draft; greedy
 // requests (T == 0) accept t iff it is the argmax of the current node's raw
-// target row. On acceptance p and q become the child's input rows. On a
-// rejection the block makes two passes over the vocabulary:
-//   1. the exact integer totals (sampling.cuh, "the normaliser") of the
-//      residual max(0, p - q), of p (its fallback when the residual has no
-//      mass) and, without replacement with a draft, of q with q(t) = 0;
-//   2. the normalised rows, float32, into the request's workspace row pair.
-// Each thread reads and writes the same elements in both passes, so the rows
-// are updated in place; a barrier separates a pass's writes from the next
-// acceptance test. Rows live in the inputs until the first rejection at a
-// node, in the workspace after it; only nodes on the accepted path whose
+// target row. On acceptance p and q become the child's input rows.
+//
+// One vocabulary pass per rejection, applied lazily (the design of the
+// Triton kernel, kernels/tree_verify.py). A rejection of t makes one pass
+// over the current rows for the exact integer totals (sampling.cuh, "the
+// normaliser") of the residual max(0, p - q), of p (its fallback when the
+// residual has no mass) and, without replacement with a draft, of q with
+// q(t) = 0, and leaves the rejection *pending*: t, whether the residual had
+// mass, and the reciprocals r_p and r_q. The current rows are the base rows
+// (the node's input rows, or the request's workspace row pair) with the
+// pending rejection applied where they are read: p = float32(W * r_p), W the
+// fixed-point weight of max(0, p - q) (of p without residual mass), and
+// without replacement q = float32(W' * r_q), W' that of q with q(t) = 0:
+// the acceptance gathers, the next rejection's pass and the final sample.
+// Only a second rejection at a node (one already pending) makes its pass
+// also write the current rows into the workspace, which become the base:
+// each thread reads its entries before overwriting them, a barrier before
+// the pass lets every thread's gathers of the base finish, and one after it
+// orders the writes before any other read. So k rejections at a node cost k
+// passes, k - 1 of them writing, and an acceptance right after a rejection
+// reads nothing more at that node; only nodes on the accepted path whose
 // children are tried, and the final node, read a full row.
 //
 // The emitted token: greedy, the argmax of the final node's raw target row;
 // sampled, the fixed-point sample (block_rows.cuh) of the current p at
-// position = the final node, each chunk's total and candidate kept in the
-// workspace until the 128-bit chunk choice.
+// position = the final node, the pending rejection applied as each span is
+// weighed, each chunk's total and candidate kept in the workspace until the
+// 128-bit chunk choice.
 //
 // Top-k, top-p and min-p (requests with a parameter on, not greedy): every
 // target row p is replaced by its truncation (reference _truncation.py)
@@ -39,10 +51,11 @@
 // the current node's input row once, before its first acceptance test (or
 // the final sample), by a radix search in shared memory (truncation.cuh);
 // each read of the input row then maps p to float32(W * r) if kept, else 0:
-// the acceptance gathers, the rejection passes and the final sample. The
-// workspace rows are normalised from truncated values, so they are read as
-// they are. With bonus_token_ids, a request whose final node had no child
-// tried and rejected emits its bonus id and reads no row for it.
+// the acceptance gathers, the rejection passes and the final sample. A
+// pending rejection's totals and the workspace rows are made from truncated
+// values, so the workspace rows are read as they are. With
+// bonus_token_ids, a request whose final node had no child tried and
+// rejected emits its bonus id and reads no row for it.
 //
 // Logits: p = softmax(x / T) from the row's statistics (max and sum,
 // gathered online by the block the first time the node needs them), so
@@ -51,8 +64,10 @@
 // Workspace, int64 words per request, contents need not be initialised:
 //   3 * ceil(V / 1024) rounded up to even: per chunk the total and the
 //     candidate of the final sample (ChunkSlots);
-//   then two float32 rows of round_up(V, 4) entries: the residual target p,
-//     then the proposal q. Rows start 16-byte aligned (vector loads).
+//   then two float32 rows of round_up(V, 4) entries: the base p, then the
+//     base q (written without replacement with a draft only); they hold
+//     the current node's rows only after a second rejection there. Rows
+//     start 16-byte aligned (vector loads).
 // Nothing else: no counters, no [B, N, V] scratch, nothing to clear.
 //
 // Values never cause an out-of-bounds access: parents are compared, never
@@ -178,9 +193,9 @@ SPECDEC_HOST_DEVICE int64_t next_child(const Block& block, const Tree<Token>& tr
 // dependent 4-byte ones, for more bytes in flight per thread.
 constexpr int kSpan = 4;
 
-// A distribution as the walk sees it: an input row (probabilities, or logits
-// turned into probabilities with the row's statistics) or, after a
-// rejection, a normalised float32 row of the workspace.
+// A base distribution as the walk sees it: an input row (probabilities, or
+// logits turned into probabilities with the row's statistics) or, after a
+// second rejection at a node, a normalised float32 row of the workspace.
 template <class Prob>
 struct Row {
   const Prob* input;  // nullptr: the row is `normalised`
@@ -194,45 +209,117 @@ struct Row {
     return truncated_probability(logits ? softmax_prob(x, stats, temperature) : x, truncation);
   }
 
-  // Entries [first, first + kSpan), 0 past the vocabulary.
+  // Entries [first, first + kCount), 0 past the vocabulary.
+  template <int kCount>
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void span(int64_t first, int64_t vocab_size, bool logits,
-                                                    float temperature, float (&out)[kSpan]) const {
+                                                    float temperature, float (&out)[kCount]) const {
     if (input == nullptr) {
       load_span(normalised, first, vocab_size, out);
       return;
     }
     load_probability_span(input, first, vocab_size, logits, stats, temperature, out);
     SPECDEC_UNROLL
-    for (int j = 0; j < kSpan; ++j) out[j] = truncated_probability(out[j], truncation);
+    for (int j = 0; j < kCount; ++j) out[j] = truncated_probability(out[j], truncation);
   }
 };
+
+// The last rejection at the current node, not yet applied to its base rows:
+// the current rows are the base rows with it applied where they are read.
+struct Pending {
+  int64_t token;            // the rejected token; -1: none
+  bool residual;            // max(0, p - q) had mass (else p is renormalised as it is)
+  float target_reciprocal;  // of the total of p's new weights
+  float draft_reciprocal;   // of the total of q's weights without `token` (without replacement)
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending no_pending() { return {-1, false, 1.0f, 1.0f}; }
 
 // Everything one request needs besides the tree.
 template <class Prob>
 struct Walk {
-  Row<Prob> target;  // p
-  Row<Prob> draft;   // q; not read without a draft (the candidate is one-hot)
+  Row<Prob> target;  // base p
+  Row<Prob> draft;   // base q; not read without a draft (the candidate is one-hot)
+  Pending pending;
   bool has_draft;
   bool remove_drawn;  // without replacement, with a draft
   bool logits;
   float temperature;
   int64_t vocab_size;
 
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float draft_at(int64_t index, int64_t drawn) const {
-    if (!has_draft) return index == drawn ? 1.0f : 0.0f;
-    return draft.at(index, logits, temperature);
+  // The current p and q at `index` from the base ones (q: anything without a
+  // draft): p = float32(W * r_p) with W the fixed-point weight of max(0, p -
+  // tried) (of p where that had no mass) and, without replacement, q =
+  // float32(W' * r_q) with W' the weight of q, 0 at the token. These are the
+  // rows _sampling.normalise gives the reference, made where they are read.
+  // Past the vocabulary 0 stays 0. Only while a rejection is pending.
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void apply_pending(int64_t index, float& p, float& q) const {
+    const float tried = has_draft ? q : (index == pending.token ? 1.0f : 0.0f);
+    // fixed_point_weight maps p - q <= 0 (and NaN) to 0: max(0, p - q).
+    p = normalised_weight(fixed_point_weight(pending.residual ? fsub_rn(p, tried) : p), pending.target_reciprocal);
+    if (remove_drawn) {
+      q = normalised_weight(index == pending.token ? 0 : fixed_point_weight(q), pending.draft_reciprocal);
+    }
   }
 
-  // p and q at [first, first + kSpan): q one-hot on `drawn` without a draft.
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void spans(int64_t first, int64_t drawn, float (&p)[kSpan],
-                                                     float (&q)[kSpan]) const {
+  // The current p and q at `index` (one entry, the acceptance test's
+  // gathers): q one-hot on `drawn` without a draft.
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void at(int64_t index, int64_t drawn, float& p, float& q) const {
+    p = target.at(index, logits, temperature);
+    q = has_draft ? draft.at(index, logits, temperature) : 0.0f;
+    if (pending.token >= 0) apply_pending(index, p, q);
+    if (!has_draft) q = index == drawn ? 1.0f : 0.0f;
+  }
+
+  // The current p and q at [first, first + kCount): q one-hot on `drawn`
+  // without a draft.
+  template <int kCount>
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void spans(int64_t first, int64_t drawn, float (&p)[kCount],
+                                                     float (&q)[kCount]) const {
     target.span(first, vocab_size, logits, temperature, p);
     if (has_draft) {
       draft.span(first, vocab_size, logits, temperature, q);
-      return;
+    } else {
+      SPECDEC_UNROLL
+      for (int j = 0; j < kCount; ++j) q[j] = 0.0f;
     }
+    if (pending.token >= 0) {
+      SPECDEC_UNROLL
+      for (int j = 0; j < kCount; ++j) apply_pending(first + j, p[j], q[j]);
+    }
+    if (has_draft) return;
     SPECDEC_UNROLL
-    for (int j = 0; j < kSpan; ++j) q[j] = first + j == drawn ? 1.0f : 0.0f;
+    for (int j = 0; j < kCount; ++j) q[j] = first + j == drawn ? 1.0f : 0.0f;
+  }
+};
+
+// The current p as the sampler reads it (block_rows.cuh's sample_slice,
+// kWays == 1): the base rows loaded a chunk ahead, the pending rejection
+// applied when weighed: the weights of the row _sampling.normalise gives the
+// reference, so the token's bits are the reference's.
+template <class Prob>
+struct CurrentTargetRow {
+  Walk<Prob> walk;
+  uint32_t position;  // the final node
+
+  template <int kWays, int kPerThread>
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load(int64_t first, int64_t vocab_size, float (&p)[kPerThread],
+                                                    float (&q)[kPerThread]) const {
+    static_assert(kWays == 1, "the tree samples its current p alone");
+    walk.target.span(first, vocab_size, walk.logits, walk.temperature, p);
+    if (walk.pending.token >= 0 && walk.has_draft) walk.draft.span(first, vocab_size, walk.logits, walk.temperature, q);
+  }
+
+  template <int kWays, int kPerThread>
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t, const float (&p)[kPerThread],
+                                                     const float (&q)[kPerThread],
+                                                     uint64_t (&weights)[kWays][kPerThread]) const {
+    SPECDEC_UNROLL
+    for (int j = 0; j < kPerThread; ++j) {
+      float target_prob = p[j];
+      float draft_prob = q[j];
+      if (walk.pending.token >= 0) walk.apply_pending(first + j, target_prob, draft_prob);
+      weights[0][j] = fixed_point_weight(target_prob);
+    }
   }
 };
 
@@ -246,12 +333,18 @@ struct AddRejectionTotals {
   }
 };
 
-// The rejection of token `drawn`: p = normalise(max(0, p - q)) (normalise(p)
-// where the residual has no mass) and, without replacement, q =
-// normalise(q with q(drawn) = 0), written into the workspace rows. Entries
-// past the vocabulary load as 0 and weigh 0.
+// The rejection of token `drawn`, in one pass over the current rows: the
+// exact totals of the fixed-point weights of max(0, p - q), of p and,
+// without replacement, of q without `drawn`, which make it the pending
+// rejection. Were a rejection pending already (a second one at this node),
+// the pass also writes the current rows into the workspace, which become
+// the base rows. Entries past the vocabulary load as 0 and weigh 0.
 template <class Block, class Prob>
 SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t drawn) {
+  const bool writing = walk.pending.token >= 0;
+  // Every thread's gathers of this try read the base rows, maybe the very
+  // entries (of the workspace) this pass overwrites.
+  if (writing) block.sync();
   const int64_t step = kSpan * static_cast<int64_t>(block.num_threads());
   const int64_t start = kSpan * static_cast<int64_t>(block.thread());
   RejectionTotals totals = {{0, 0}, {0, 0}};
@@ -261,36 +354,28 @@ SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t dr
     walk.spans(first, drawn, p, q);
     SPECDEC_UNROLL
     for (int j = 0; j < kSpan; ++j) {
+      const int64_t index = first + j;
+      // Each thread reads its entries before it overwrites them, and no
+      // other thread reads them until the barrier below.
+      if (writing && index < walk.vocab_size) {
+        walk.target.normalised[index] = p[j];
+        if (walk.remove_drawn) walk.draft.normalised[index] = q[j];
+      }
       add_weight(totals.residual, fixed_point_weight(fsub_rn(p[j], q[j])));  // max(0, p - q): negatives weigh 0
       add_weight(totals.target, fixed_point_weight(p[j]));
-      if (walk.remove_drawn && first + j != drawn) add_weight(draft_total, fixed_point_weight(q[j]));
+      if (walk.remove_drawn && index != drawn) add_weight(draft_total, fixed_point_weight(q[j]));
     }
   }
   totals = block.block_all_reduce(totals, AddRejectionTotals());
   if (walk.remove_drawn) draft_total = block.block_all_reduce(draft_total, AddSplitTotals());
-  const bool use_residual = has_mass(totals.residual);
-  const float target_reciprocal = total_reciprocal(use_residual ? totals.residual : totals.target);
-  const float draft_reciprocal = total_reciprocal(draft_total);
-  // The same spans per thread as above: each thread reads its old p and q
-  // before overwriting them, and no other thread touches them until the
-  // barrier.
-  for (int64_t first = start; first < walk.vocab_size; first += step) {
-    float p[kSpan], q[kSpan];
-    walk.spans(first, drawn, p, q);
-    SPECDEC_UNROLL
-    for (int j = 0; j < kSpan; ++j) {
-      const int64_t index = first + j;
-      if (index >= walk.vocab_size) break;
-      const uint64_t weight = fixed_point_weight(use_residual ? fsub_rn(p[j], q[j]) : p[j]);
-      walk.target.normalised[index] = normalised_weight(weight, target_reciprocal);
-      if (walk.remove_drawn) {
-        walk.draft.normalised[index] = normalised_weight(index == drawn ? 0 : fixed_point_weight(q[j]), draft_reciprocal);
-      }
-    }
+  if (writing) {
+    block.sync();  // the next read (a gather, a pass, the sample) may read any entry
+    walk.target.input = nullptr;
+    if (walk.remove_drawn) walk.draft.input = nullptr;
   }
-  block.sync();  // the next acceptance test reads any element
-  walk.target.input = nullptr;
-  if (walk.remove_drawn) walk.draft.input = nullptr;
+  const bool use_residual = has_mass(totals.residual);
+  walk.pending = {drawn, use_residual, total_reciprocal(use_residual ? totals.residual : totals.target),
+                  total_reciprocal(draft_total)};
 }
 
 template <class Block, class Prob>
@@ -304,23 +389,8 @@ template <class Block, class Prob>
 SPECDEC_HOST_DEVICE int64_t sample_target(const Block& block, const Walk<Prob>& walk, const RequestKey& key,
                                           uint32_t position, const ChunkSlots& slots) {
   const int64_t num_chunks = (walk.vocab_size + kChunkSize - 1) / kChunkSize;
-  if (walk.target.input != nullptr) {
-    SampleRow<Prob> row = {};
-    row.target = walk.target.input;
-    row.stop_token = -1;
-    row.position = position;
-    row.logits = walk.logits;
-    row.temperature = walk.temperature;
-    row.target_stats = walk.target.stats;
-    row.target_truncation = walk.target.truncation;
-    sample_slice<1>(block, row, key, walk.vocab_size, 0, num_chunks, slots);
-  } else {
-    SampleRow<float> row = {};
-    row.target = walk.target.normalised;
-    row.stop_token = -1;
-    row.position = position;
-    sample_slice<1>(block, row, key, walk.vocab_size, 0, num_chunks, slots);
-  }
+  const CurrentTargetRow<Prob> row = {walk, position};
+  sample_slice<1>(block, row, key, walk.vocab_size, 0, num_chunks, slots);
   return finish_sampled(block, slots, num_chunks, false, key, position);
 }
 
@@ -367,6 +437,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   Walk<Prob> walk;
   walk.target = {target, residual_row, empty_stats(), no_truncation()};
   walk.draft = {draft, residual_row + tree_verify_row_floats(vocab_size), empty_stats(), no_truncation()};
+  walk.pending = no_pending();
   walk.has_draft = draft != nullptr;
   walk.remove_drawn = draft != nullptr && args.without_replacement;
   walk.logits = args.logits;
@@ -408,8 +479,8 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
         walk.target.truncation = target_truncation(block, histogram, args, b, walk);
         truncation_ready = true;
       }
-      const float target_prob = walk.target.at(token, walk.logits, walk.temperature);
-      const float draft_prob = walk.draft_at(token, token);
+      float target_prob, draft_prob;
+      walk.at(token, token, target_prob, draft_prob);
       const float uniform = uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(child), 0u).w0);
       accepted = accept(uniform, draft_prob, target_prob);
       if (!accepted) reject(block, walk, token);
@@ -424,6 +495,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
     current = child;
     walk.target.input = target + child * args.target_stride_n;
     walk.draft.input = draft == nullptr ? nullptr : draft + child * args.draft_stride_n;
+    walk.pending = no_pending();
     choice = -2;
     stats_ready = false;
     walk.target.truncation = no_truncation();
