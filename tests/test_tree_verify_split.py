@@ -36,8 +36,10 @@ def verify(device, ids, parents, target, draft, **arguments):
 
 
 def unsplit(monkeypatch, call):
+    """``call()`` with the one-program plan (a GPU of one SM never splits)."""
     with monkeypatch.context() as patch:
         patch.setattr(launcher, "INTERPRETER_MAX_SPLITS", 1)
+        patch.setattr(launcher, "multiprocessor_count", lambda device: 1)
         return call()
 
 
