@@ -73,6 +73,7 @@ def test_the_plan_splits_small_batches_only():
     assert launcher.launch_config(1, 64, 128256, multiprocessors=132)[-2:] == (126, 1)
     assert launcher.launch_config(67, 64, 128256, multiprocessors=132).num_splits == 1
     assert launcher.split_batch_bound(132) == 66 and launcher.split_batch_bound(None) == 4
+    assert launcher.launch_config(1, 1025, 128256, multiprocessors=132).num_splits == 1  # records bounded
 
 
 @pytest.mark.parametrize("draft_mode", DRAFT_MODES)
@@ -154,7 +155,7 @@ def test_a_long_walk_uses_and_clears_many_stages(device):
 @pytest.mark.parametrize("multiprocessors", [None, 132])
 def test_workspace_sizes_do_not_decrease(multiprocessors):
     """A reservation for the largest B, N and V covers every smaller call."""
-    sizes = [(batch, nodes, vocab) for batch in (1, 3, 4, 5, 66, 67, 200) for nodes in (1, 64, 1024)
+    sizes = [(batch, nodes, vocab) for batch in (1, 3, 4, 5, 66, 67, 200) for nodes in (1, 64, 1024, 1025, 5000)
              for vocab in (7, 2100, 128256)]
     specs = {size: launcher.triton_workspace_specs(*size, multiprocessors) for size in sizes}
     for small in sizes:

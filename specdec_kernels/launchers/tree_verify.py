@@ -41,6 +41,10 @@ INTERPRETER_SEARCH_TILE = 1 << 20
 INTERPRETER_MULTIPROCESSORS = 8
 INTERPRETER_MAX_SPLITS = 3
 STAGE_WORDS = 16  # int64 words of a stage record (kernels/tree_verify_stages.py)
+# A request has a stage record per node (its rejections and the sample): trees
+# above this size keep the one-program plan, which bounds the records to
+# about 66 * 1025 * 128 bytes (8.7 MB) on an H200.
+MAX_SPLIT_TREE_NODES = 1024
 
 
 class LaunchConfig(NamedTuple):
@@ -54,14 +58,18 @@ class LaunchConfig(NamedTuple):
     chunks_per_split: int  # sampler chunks per slice of the vocabulary
 
 
-def vocabulary_splits(batch_size: int, vocab_size: int, multiprocessors: int | None) -> tuple[int, int]:
+def vocabulary_splits(batch_size: int, vocab_size: int, multiprocessors: int | None,
+                      tree_size: int | None = None) -> tuple[int, int]:
     """``(splits, chunks_per_split)``: slices of whole sampler chunks per request; ``None``: the interpreter.
 
     A split pays an L2 round trip per stage (a rejection or the sample), so
     it is used only when the batch alone leaves SMs idle: ``B * splits``
-    stays within one program per SM.
+    stays within one program per SM; and only for trees of at most
+    ``MAX_SPLIT_TREE_NODES`` nodes.
     """
     num_chunks = cdiv(vocab_size, CHUNK_SIZE)
+    if tree_size is not None and tree_size > MAX_SPLIT_TREE_NODES:
+        return 1, num_chunks
     if multiprocessors is None:
         wanted = min(INTERPRETER_MAX_SPLITS, INTERPRETER_MULTIPROCESSORS // max(batch_size, 1))
     else:
@@ -87,7 +95,7 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
     num_chunks = cdiv(vocab_size, CHUNK_SIZE)
     block_v = min(next_power_of_2(vocab_size), CHUNK_SIZE)
     num_splits, chunks_per_split = vocabulary_splits(
-        batch_size, vocab_size, None if interpreter else (multiprocessors or 1))
+        batch_size, vocab_size, None if interpreter else (multiprocessors or 1), tree_size)
     rows = max(1, min(tile // block_v, next_power_of_2(batch_size)))
     if not interpreter or num_splits > 1:
         rows = min(rows, MAX_ROWS)
@@ -115,17 +123,19 @@ def triton_workspace_specs(batch_size: int, tree_size: int, vocab_size: int, mul
     ``None`` means the interpreter. Every size is non-decreasing in ``B``,
     ``N`` and ``V``, so reserving for the largest call covers the smaller
     ones. The stage records of split requests (``N + 1`` records per request,
-    for at most :func:`split_batch_bound` requests) are counters: every call
+    for at most :func:`split_batch_bound` requests, trees of at most
+    ``MAX_SPLIT_TREE_NODES`` nodes) are counters: every call
     leaves them at zero, and ``timeout_counter`` counts waits that gave up
     (0 unless something is badly wrong).
     """
     num_chunks = cdiv(vocab_size, CHUNK_SIZE)
     split_requests = min(batch_size, split_batch_bound(multiprocessors))
+    stages = min(tree_size, MAX_SPLIT_TREE_NODES) + 1
     return {
         "tree_verify.scratch": (batch_size * rows * vocab_size, torch.float32),
         "tree_verify.chunk_total": (batch_size * num_chunks, torch.int64),
         "tree_verify.chunk_pick": (batch_size * num_chunks, torch.int32),
-        "tree_verify.stage_counters": (max(1, split_requests * (tree_size + 1) * STAGE_WORDS), torch.int64),
+        "tree_verify.stage_counters": (max(1, split_requests * stages * STAGE_WORDS), torch.int64),
         "tree_verify.timeout_counter": (1, torch.int32),
     }
 
