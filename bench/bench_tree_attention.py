@@ -1,5 +1,10 @@
 """Benchmark of ``sk.tree_attention``: reference, Triton, CUDA (the backends that exist), and peers.
 
+``triton-merge-in-kernel``: the Triton kernel with a split context merged by
+the last split program of each tile (one launch; small row tiles only,
+``launchers/tree_attention.py``) instead of the default second launch: both
+forms are timed so that the default can follow the measurement (issue 9).
+
 Sweep (GPU, issue 9): B in {1, 8, 32}, tree size N in {8, 32, 64}, prefix
 P in {1024, 8192, 32768}, (Hq, Hkv) in {(32, 8), (64, 8)}, D = 128,
 bfloat16, block size 16; ``--quick``: B in {1, 32}, N = 64, P = 8192,
@@ -32,6 +37,7 @@ import torch
 
 import harness
 import specdec_kernels as sk
+from specdec_kernels.launchers import tree_attention as tree_attention_launchers
 from specdec_kernels.reference import build_tree as reference_build_tree
 
 OP = "tree_attention"
@@ -71,8 +77,14 @@ def _flashinfer():
         return None
 
 
+MERGE_IN_KERNEL = "triton-merge-in-kernel"  # the Triton kernel with the split merged by its last program
+
+
 def providers(settings: harness.Settings) -> list[str]:
-    names = harness.backend_providers(OP, settings) + ["sdpa"]
+    names = harness.backend_providers(OP, settings)
+    if "triton" in names:
+        names.append(MERGE_IN_KERNEL)
+    names.append("sdpa")
     if settings.is_cuda and _flashinfer() is not None:
         names.append("flashinfer")
     return names
@@ -160,6 +172,13 @@ class Case:
         if provider == "flashinfer":
             out = inputs["flashinfer"].run(inputs["q"].flatten(0, 1), (inputs["k_cache"], inputs["v_cache"]))
             return out.view(inputs["q"].shape)
+        if provider == MERGE_IN_KERNEL:
+            merge_in_kernel, tree_attention_launchers.MERGE_IN_KERNEL = tree_attention_launchers.MERGE_IN_KERNEL, True
+            try:
+                return sk.tree_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["block_tables"],
+                                         inputs["prefix_lens"], self.mask, backend="triton")
+            finally:
+                tree_attention_launchers.MERGE_IN_KERNEL = merge_in_kernel
         return sk.tree_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["block_tables"],
                                  inputs["prefix_lens"], self.mask, backend=provider)
 

@@ -315,9 +315,11 @@ def compact_kv_variants():
 def tree_attention_variants():
     """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_attention configurations.
 
-    A configuration that splits the context also compiles its merge kernel.
+    A configuration that splits the context also compiles its merge kernel, and (small row tiles) the variant
+    that merges in the last split program (``MERGE_LAST``).
     """
-    from specdec_kernels.launchers.tree_attention import MERGE_NUM_WARPS, NUM_WARPS, launch_config
+    from specdec_kernels.launchers.tree_attention import (MERGE_IN_KERNEL_MAX_TILE, MERGE_NUM_WARPS, MERGE_ROWS,
+                                                          NUM_WARPS, launch_config)
 
     from .tree_attention import _tree_attention_kernel, _tree_attention_merge_kernel
 
@@ -331,7 +333,7 @@ def tree_attention_variants():
             "q_ptr": f"*{dtype}", "k_cache_ptr": f"*{dtype}", "v_cache_ptr": f"*{dtype}",
             "block_tables_ptr": "*i32", "prefix_lens_ptr": "*i32", "tree_mask_ptr": "*i32", "num_nodes_ptr": "*i32",
             "out_ptr": f"*{dtype}", "partial_acc_ptr": "*fp32", "partial_max_ptr": "*fp32",
-            "partial_sum_ptr": "*fp32",
+            "partial_sum_ptr": "*fp32", "merge_counter_ptr": "*i32",
             "scale_log2": "fp32",
             "max_nodes": "i32", "group": "i32", "num_q_heads": "i32", "num_kv_heads": "i32", "row_tiles": "i32",
             "num_splits": "i32", "num_blocks": "i32", "max_blocks": "i32", "block_size_log2": "i32",
@@ -342,8 +344,9 @@ def tree_attention_variants():
             "stride_mask_b": "i32", "stride_mask_n": "i32", "stride_num_nodes": "i32",
         }
         split = config.num_splits > 1
-        constexprs = {"HAS_NUM_NODES": True, "SPLIT": split, "FLOAT32_TILES": False, "HEAD_DIM": head_dim,
-                      "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
+        constexprs = {"HAS_NUM_NODES": True, "SPLIT": split, "MERGE_LAST": False, "FLOAT32_TILES": False,
+                      "HEAD_DIM": head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+                      "MERGE_ROWS": MERGE_ROWS}
         signature.update({key: "constexpr" for key in constexprs})
         name = (f"tree_attention B={batch} N={tree_size} Hq={query_heads} Hkv={kv_heads} D={head_dim} {dtype} "
                 f"tile={config.block_m}x{config.block_n} splits={config.num_splits}")
@@ -361,14 +364,17 @@ def tree_attention_variants():
         attrs = _jit_divisibility(signature, values, _tree_attention_kernel)
         variants.append((name, _tree_attention_kernel, signature, constexprs, {"num_warps": NUM_WARPS},
                          attrs))
+        if split and config.block_m * head_dim <= MERGE_IN_KERNEL_MAX_TILE:
+            variants.append((name + " merge-last", _tree_attention_kernel, signature,
+                             {**constexprs, "MERGE_LAST": True}, {"num_warps": NUM_WARPS}, attrs))
         if split:
-            block_s = 1 << (config.num_splits - 1).bit_length()
             merge_signature = {"out_ptr": f"*{dtype}", "partial_acc_ptr": "*fp32", "partial_max_ptr": "*fp32",
-                               "partial_sum_ptr": "*fp32", "num_splits": "i32"}
-            merge_constexprs = {"HEAD_DIM": head_dim, "BLOCK_S": block_s}
+                               "partial_sum_ptr": "*fp32", "num_rows": "i32", "num_splits": "i32"}
+            merge_constexprs = {"HEAD_DIM": head_dim, "BLOCK_R": MERGE_ROWS}
             merge_signature.update({key: "constexpr" for key in merge_constexprs})
-            merge_attrs = _jit_divisibility(merge_signature, {"num_splits": config.num_splits},
-                                            _tree_attention_merge_kernel)
+            merge_attrs = _jit_divisibility(merge_signature,
+                                            {"num_rows": batch * tree_size * query_heads,
+                                             "num_splits": config.num_splits}, _tree_attention_merge_kernel)
             variants.append((f"tree_attention merge D={head_dim} {dtype} splits={config.num_splits}",
                              _tree_attention_merge_kernel, merge_signature, merge_constexprs,
                              {"num_warps": MERGE_NUM_WARPS}, merge_attrs))

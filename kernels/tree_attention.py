@@ -19,7 +19,12 @@ split, which reads the packed ancestor words of its rows once per tile.
 Online softmax in base 2 (the scale is premultiplied by ``log2(e)``): each
 program keeps the running row maximum, row sum and unnormalised output.
 With one split it writes the normalised output; with more it writes its
-partial state and ``_tree_attention_merge_kernel`` combines the splits.
+partial state, and the splits are combined by :func:`_merge_rows`: in a
+second launch (``_tree_attention_merge_kernel``), or with ``MERGE_LAST`` by
+the last split program of the tile to arrive at its counter in the
+workspace (one launch; it puts the counter back to zero). No program waits
+for another. Both forms run the same merge, splits in order, so they give
+the same bits.
 
 Defined outcomes (the reference's, reference/tree_attention.py): a key
 whose block-table column is past ``max_blocks`` or whose block id lies
@@ -92,7 +97,7 @@ def _inverse_or_zero(total):
 @triton.jit
 def _tree_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, prefix_lens_ptr, tree_mask_ptr, num_nodes_ptr,
-    out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr,
+    out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr, merge_counter_ptr,
     scale_log2,
     max_nodes, group, num_q_heads, num_kv_heads, row_tiles, num_splits,
     num_blocks, max_blocks, block_size_log2,
@@ -101,8 +106,8 @@ def _tree_attention_kernel(
     stride_v_block, stride_v_slot, stride_v_head,
     stride_table_b, stride_table_m, stride_prefix,
     stride_mask_b, stride_mask_n, stride_num_nodes,
-    HAS_NUM_NODES: tl.constexpr, SPLIT: tl.constexpr, FLOAT32_TILES: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_NUM_NODES: tl.constexpr, SPLIT: tl.constexpr, MERGE_LAST: tl.constexpr, FLOAT32_TILES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MERGE_ROWS: tl.constexpr,
 ):
     program = tl.program_id(0)
     split = tl.program_id(1)
@@ -171,6 +176,18 @@ def _tree_attention_kernel(
         tl.store(partial_acc_ptr + partial[:, None] * HEAD_DIM + dims[None, :], acc, mask=in_tree[:, None])
         tl.store(partial_max_ptr + partial, row_max, mask=in_tree)
         tl.store(partial_sum_ptr + partial, row_sum, mask=in_tree)
+        if MERGE_LAST:
+            tl.debug_barrier()  # every thread's partial state stored before the release
+            if tl.atomic_add(merge_counter_ptr + program, 1, sem="acq_rel") == num_splits - 1:
+                # MERGE_ROWS rows at a time: a merge accumulator of the whole tile beside the
+                # tile's own state spilled at 128 x 64 and 64 x 256.
+                for first in range(0, BLOCK_M, MERGE_ROWS):
+                    merged = row_tile * BLOCK_M + first + tl.arange(0, MERGE_ROWS)
+                    merged_node = merged // group
+                    merged_rows = (request * max_nodes + merged_node) * num_q_heads + kv_head * group + merged % group
+                    _merge_rows(out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr, merged_rows,
+                                merged_node < max_nodes, num_splits, HEAD_DIM)
+                tl.atomic_xchg(merge_counter_ptr + program, 0, sem="relaxed")
     else:
         out = acc * _inverse_or_zero(row_sum)[:, None]
         tl.store(out_ptr + row_offsets[:, None] * HEAD_DIM + dims[None, :], out.to(out_ptr.dtype.element_ty),
@@ -178,24 +195,40 @@ def _tree_attention_kernel(
 
 
 @triton.jit
-def _tree_attention_merge_kernel(out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr, num_splits,
-                                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One program per (request, node, query head) row: combine its ``num_splits`` partial states.
+def _merge_rows(out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr, rows, in_range, num_splits,
+                HEAD_DIM: tl.constexpr):
+    """Combine the ``num_splits`` partial states of each (request, node, query head) row in ``rows`` (int64).
 
     Split ``s``'s output is ``acc_s / sum_s`` with weights ``2^(max_s - M) sum_s``
     (``M`` the largest ``max_s``); splits that saw nothing have ``max_s = -inf``
-    and weight 0, and a row no split saw is zero.
+    and weight 0, and a row no split saw is zero. The splits are added in
+    order, whoever merges; the states were written by other programs, so they
+    are read from L2 (``.cg``).
     """
-    row = tl.program_id(0).to(tl.int64)
-    splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, HEAD_DIM)
-    in_range = splits < num_splits
-    partial = row * num_splits + splits
-    split_max = tl.load(partial_max_ptr + partial, mask=in_range, other=float("-inf"))
-    split_sum = tl.load(partial_sum_ptr + partial, mask=in_range, other=0.0)
-    acc = tl.load(partial_acc_ptr + partial[:, None] * HEAD_DIM + dims[None, :], mask=in_range[:, None], other=0.0)
-    row_max = tl.max(split_max, 0)
-    weight = tl.exp2(split_max - tl.where(row_max == float("-inf"), 0.0, row_max))
-    total = tl.sum(weight * split_sum, 0)
-    out = tl.sum(weight[:, None] * acc, 0) * _inverse_or_zero(total)
-    tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
+    partial = rows * num_splits
+    row_max = tl.full(rows.shape, float("-inf"), tl.float32)
+    for split in range(0, num_splits):
+        row_max = tl.maximum(row_max, tl.load(partial_max_ptr + partial + split, mask=in_range,
+                                              other=float("-inf"), cache_modifier=".cg"))
+    base = tl.where(row_max == float("-inf"), 0.0, row_max)
+    total = tl.zeros(rows.shape, tl.float32)
+    acc = tl.zeros([rows.shape[0], HEAD_DIM], tl.float32)
+    for split in range(0, num_splits):
+        weight = tl.exp2(tl.load(partial_max_ptr + partial + split, mask=in_range, other=float("-inf"),
+                                 cache_modifier=".cg") - base)
+        total += weight * tl.load(partial_sum_ptr + partial + split, mask=in_range, other=0.0, cache_modifier=".cg")
+        acc += weight[:, None] * tl.load(partial_acc_ptr + (partial + split)[:, None] * HEAD_DIM + dims[None, :],
+                                         mask=in_range[:, None], other=0.0, cache_modifier=".cg")
+    out = acc * _inverse_or_zero(total)[:, None]
+    tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=in_range[:, None])
+
+
+@triton.jit
+def _tree_attention_merge_kernel(out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr, num_rows, num_splits,
+                                 HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """The second launch of a split context: ``BLOCK_R`` (request, node, query head) rows per program."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    _merge_rows(out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr, rows, rows < num_rows, num_splits,
+                HEAD_DIM)

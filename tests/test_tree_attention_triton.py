@@ -51,6 +51,29 @@ def test_long_context_in_shuffled_blocks_any_split(num_splits, device):
         check_error(out, inputs, tree_bits, num_nodes, 0.125)
 
 
+@pytest.mark.parametrize("num_splits", [3, 40])
+def test_merge_in_the_last_program_gives_the_bits_of_the_merge_launch(num_splits, device, monkeypatch):
+    """The one-launch form (``MERGE_IN_KERNEL``: the last split program of each tile merges it) against the
+    default second launch: the same merge in the same order, so the same bits; its counters end at zero.
+    Two requests, Hq = 2 Hkv: several tiles, each with its own counter."""
+    from specdec_kernels import _workspace
+    from specdec_kernels.launchers import tree_attention as launcher
+
+    generator = torch.Generator().manual_seed(23)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, 2, 5, 4, 2, 64, torch.float16, 8, torch.tensor([397, 150], dtype=torch.int32))
+    tensors = [t.to(device) for t in (q, k_cache, v_cache, block_tables, prefix_lens,
+                                      pack_bits(ancestor_bits(generator, 2, 5)), num_nodes)]
+    second_launch = launcher.triton_tree_attention(*tensors, 0.125, num_splits=num_splits)
+    monkeypatch.setattr(launcher, "MERGE_IN_KERNEL", True)
+    config = launcher.launch_config(2, 5, 2, 2, 64, block_tables.shape[1] * 8, None)._replace(num_splits=num_splits)
+    assert launcher.merges_in_kernel(config, 64)
+    for _ in range(2):  # the second call starts from the counters the first left
+        assert torch.equal(launcher.triton_tree_attention(*tensors, 0.125, num_splits=num_splits), second_launch)
+    counters = [buffer for key, buffer in _workspace._buffers.items() if key[0] == "tree_attention.merge_counter"]
+    assert counters and all(not buffer.any() for buffer in counters)
+
+
 def test_strided_inputs(device):
     """Every input a view with padded strides; q's last dim strided too (the launcher copies it)."""
     views, dense = strided_case()

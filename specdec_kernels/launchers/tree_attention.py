@@ -1,13 +1,14 @@
 """Launchers for tree_attention: the Triton kernels (configuration, outputs, one launch, two with a KV split) and
 the CUDA extension.
 
-A split context is merged by a second, small launch rather than by the last
-split program to finish: that needs no arrival counters kept at zero between
-calls (so no persistent workspace, nothing to reserve before CUDA-graph
-capture) and merges the splits in a fixed order. Its cost, one more launch
-and the partial states (``B * N * Hq * splits * (D + 2)`` floats written
-and read once), has not been measured against the one-launch form: no GPU
-was available.
+A split context is merged by a second, small launch by default, rather than
+by the last split program to finish (``MERGE_IN_KERNEL``): the second launch
+needs no arrival counters kept at zero between calls (so no persistent
+workspace, nothing to reserve before CUDA-graph capture). Both forms merge
+the splits in the same order, so they give the same bits. Which is faster,
+one launch more against the last program's serial merge, has not been
+measured: no GPU was available; ``bench/bench_tree_attention.py`` times both
+(provider ``triton-merge-in-kernel``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import _workspace
 from ._shapes import cdiv, multiprocessor_count, next_power_of_2, unit_last_stride
 
 LOG2_E = 1.4426950408889634
@@ -38,6 +40,21 @@ PROGRAMS_PER_MULTIPROCESSOR = 2
 GPU_MIN_SPLIT_KEYS = 512
 MAX_SPLITS = 64
 MERGE_NUM_WARPS = 4
+MERGE_ROWS = 16  # rows merged at a time (per program of the merge launch); at most MIN_BLOCK_M
+# True: the last split program of a tile merges it (one launch; counters in
+# the workspace, so a CUDA-graph capture needs them reserved). False: a
+# second launch merges. Merging in the kernel is compiled only for row tiles
+# of up to MERGE_IN_KERNEL_MAX_TILE (BLOCK_M x D) elements: at 64 x 128,
+# 128 x 64 and 64 x 256 it spilled 4-156 bytes (the small tiles of short
+# trees, where a long context is split most, are below it).
+MERGE_IN_KERNEL = False
+MERGE_IN_KERNEL_MAX_TILE = 32 * 128
+
+
+def merges_in_kernel(config: "LaunchConfig", head_dim: int) -> bool:
+    """Whether a split launch merges in its last program (else a second launch merges)."""
+    return (MERGE_IN_KERNEL and config.num_splits > 1
+            and config.block_m * head_dim <= MERGE_IN_KERNEL_MAX_TILE)
 # Interpreter (CPU): programs run one after another, so small key tiles and
 # a pretend 4-program machine make tests cross tiles and splits.
 INTERPRETER_BLOCK_N = 16
@@ -105,13 +122,17 @@ def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_m
     partial_max = torch.empty((partial_rows,), dtype=torch.float32, device=device)
     partial_sum = torch.empty((partial_rows,), dtype=torch.float32, device=device)
     placeholder = prefix_lens
+    tiles = batch_size * num_kv_heads * config.row_tiles
+    merge_last = merges_in_kernel(config, head_dim)
     # Triton launches on the current device: make it the tensors' device.
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
-        _tree_attention_kernel[(batch_size * num_kv_heads * config.row_tiles, config.num_splits)](
+        counters = (_workspace.buffers(device, {"tree_attention.merge_counter": (tiles, torch.int32)})
+                    ["tree_attention.merge_counter"] if merge_last else placeholder)
+        _tree_attention_kernel[(tiles, config.num_splits)](
             q, k_cache, v_cache, block_tables, prefix_lens, tree_mask,
             placeholder if num_nodes is None else num_nodes,
-            out, partial_acc, partial_max, partial_sum,
+            out, partial_acc, partial_max, partial_sum, counters,
             scale * LOG2_E,
             max_nodes, num_q_heads // num_kv_heads, num_q_heads, num_kv_heads, config.row_tiles, config.num_splits,
             num_blocks, max_blocks, block_size.bit_length() - 1,
@@ -120,14 +141,15 @@ def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_m
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             block_tables.stride(0), block_tables.stride(1), prefix_lens.stride(0),
             tree_mask.stride(0), tree_mask.stride(1), 0 if num_nodes is None else num_nodes.stride(0),
-            HAS_NUM_NODES=num_nodes is not None, SPLIT=split, FLOAT32_TILES=interpreter,
-            HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+            HAS_NUM_NODES=num_nodes is not None, SPLIT=split, MERGE_LAST=merge_last, FLOAT32_TILES=interpreter,
+            HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, MERGE_ROWS=MERGE_ROWS,
             num_warps=NUM_WARPS,
         )
-        if split:
-            _tree_attention_merge_kernel[(batch_size * max_nodes * num_q_heads,)](
-                out, partial_acc, partial_max, partial_sum, config.num_splits,
-                HEAD_DIM=head_dim, BLOCK_S=next_power_of_2(config.num_splits), num_warps=MERGE_NUM_WARPS,
+        if split and not merge_last:
+            num_rows = batch_size * max_nodes * num_q_heads
+            _tree_attention_merge_kernel[(cdiv(num_rows, MERGE_ROWS),)](
+                out, partial_acc, partial_max, partial_sum, num_rows, config.num_splits,
+                HEAD_DIM=head_dim, BLOCK_R=MERGE_ROWS, num_warps=MERGE_NUM_WARPS,
             )
     return out
 
