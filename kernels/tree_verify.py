@@ -3,7 +3,9 @@
 Design
 ------
 A program owns ``ROWS`` requests (one on GPUs, see the launcher; thousands
-under the interpreter) and walks their trees as the reference defines it
+under the interpreter; small batches share one request among several
+programs, see "Small batches" below) and walks their trees as the reference
+defines it
 (``specdec_kernels/reference/tree_verify.py``), all rows in step: from the
 current node each row tries its children in increasing index, each found by
 a vectorised min over a tile of ``parents`` (:func:`_next_child`), never a
