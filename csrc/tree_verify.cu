@@ -38,13 +38,16 @@ const char* tree_verify_host(const TreeVerifyArgs& args) {
   dispatch_storage_types(args.prob_dtype, args.token_dtype, [&](auto prob, auto token) {
     using Prob = decltype(prob);
     using Token = decltype(token);
-    // The emulated block's shared memory: blocks run one after another, so
-    // a request's block 0 takes every slice and the others find them done.
+    // The emulated block's shared memory: blocks run one after another. A
+    // request's blocks run in decreasing rank, so the first to run (the
+    // last rank) takes every slice and the writer (rank 0), last, finds
+    // every stage done by another block: its outputs come from the totals,
+    // records and chunk results another block published.
     TruncationHistogram histogram;
     run_host_blocks(args.batch_size * splits, [&args, &histogram, splits](const SimtHostBlock& block, int64_t index) {
       if (splits > 1) {
-        tree_verify_detail::tree_verify_block<SimtHostBlock, Prob, Token, true>(block, args, index / splits,
-                                                                                index % splits, &histogram);
+        tree_verify_detail::tree_verify_block<SimtHostBlock, Prob, Token, true>(
+            block, args, index / splits, splits - 1 - index % splits, &histogram);
       } else {
         tree_verify_detail::tree_verify_block<SimtHostBlock, Prob, Token, false>(block, args, index, 0, &histogram);
       }

@@ -4,8 +4,10 @@ The launcher (``launchers/tree_verify.py``, ``cuda_tree_verify``) on CPU
 tensors runs the kernel's block program on the emulated block, with the
 split of the Triton kernel's interpreter: batches of up to 4 requests over
 up to 3 slices, so these tests run the stage records, the slice-taking and
-the replay of rejections (blocks run one after another: a request's first
-block takes every slice, the others replay the records). The one-block plan
+the replay of rejections. Blocks run one after another, a request's in
+decreasing rank: the first to run takes every slice, and the writer (rank
+0) runs last, so its outputs come from the totals, records and chunk
+results another block published. The one-block plan
 is forced with ``INTERPRETER_MAX_SPLITS = 1``. Both plans must give the
 reference's bits with probabilities and each other's bits with logits, and
 leave the stage records at zero. The cases are the Triton split tests'
@@ -23,7 +25,8 @@ from specdec_kernels import _validation, _workspace
 from specdec_kernels.launchers import tree_verify as launcher
 from test_tree_verify import DRAFT_MODES, assert_same, random_problem
 from test_tree_verify_cuda import make_case, run_reference
-from test_tree_verify_split import star_case, unsplit
+from test_tree_verify_split import (assert_sizes_do_not_decrease, logits_case, random_split_case, star_case,
+                                   unsplit)
 
 needs_op, _, _ = extension_op_marks("tree_verify")
 pytestmark = needs_op
@@ -65,13 +68,7 @@ def splits(batch_size, vocab_size):
 @pytest.mark.parametrize("bushy", [True, False])
 def test_split_plan_matches_the_reference(draft_mode, batch_size, vocab_size, bushy):
     """Random trees (ragged, invalid ids, zero entries, greedy requests mixed in): the reference's bits."""
-    generator = torch.Generator().manual_seed(vocab_size + bushy)
-    ids, parents, target, draft, num_nodes, temperature = random_problem(
-        generator, batch_size, 12, vocab_size, invalid_fraction=0.05, zero_fraction=0.2, greedy_fraction=0.3,
-        bushy=bushy)
-    draft = None if draft_mode is None else draft
-    arguments = dict(num_nodes=num_nodes, temperature=temperature, draft_sampling=draft_mode or "with_replacement",
-                     seed=torch.arange(batch_size) * 977 - 3, offset=5)
+    ids, parents, target, draft, arguments = random_split_case(draft_mode, batch_size, vocab_size, bushy)
     assert splits(batch_size, vocab_size) > 1
     assert_same(verify(ids, parents, target, draft, **arguments), reference(ids, parents, target, draft, **arguments))
     assert_records_clear()
@@ -130,14 +127,9 @@ def test_many_rejections_at_one_node(draft_mode, children, monkeypatch):
 def test_logits_give_the_bits_of_the_one_block_plan(draft_mode, monkeypatch):
     """With logits the kernels only agree with the reference near ties, but the two plans compute the same
     statistics with the same code and the same float32 maps: the same bits."""
-    generator = torch.Generator().manual_seed(31)
-    ids, parents, target, draft, num_nodes, temperature = random_problem(
-        generator, 2, 10, 3000, greedy_fraction=0.3, bushy=True)
-    logits = torch.log(target + 1e-9) * 3
-    draft_logits = None if draft_mode is None else torch.log(draft + 1e-9)
+    ids, parents, logits, draft_logits, case_arguments = logits_case(draft_mode)
     for seed in range(3):
-        arguments = dict(num_nodes=num_nodes, temperature=temperature, logits=True, seed=seed,
-                         draft_sampling=draft_mode or "with_replacement")
+        arguments = dict(case_arguments, seed=seed)
         split = verify(ids, parents, logits, draft_logits, **arguments)
         assert_same(unsplit(monkeypatch, lambda: verify(ids, parents, logits, draft_logits, **arguments)), split)
     assert_records_clear()
@@ -223,10 +215,4 @@ def test_opcheck_of_the_split_plan():
 @pytest.mark.parametrize("multiprocessors", [None, 132])
 def test_workspace_sizes_do_not_decrease(multiprocessors):
     """A reservation for the largest B, N and V covers every smaller call."""
-    sizes = [(batch, nodes, vocab) for batch in (1, 3, 4, 5, 66, 67, 200) for nodes in (1, 64, 1024)
-             for vocab in (7, 2100, 128256)]
-    specs = {size: launcher.cuda_workspace_specs(*size, multiprocessors) for size in sizes}
-    for small in sizes:
-        for large in sizes:
-            if all(s <= l for s, l in zip(small, large)):
-                assert all(specs[small][name][0] <= specs[large][name][0] for name in specs[small])
+    assert_sizes_do_not_decrease(launcher.cuda_workspace_specs, multiprocessors)

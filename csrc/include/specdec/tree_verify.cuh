@@ -74,8 +74,9 @@
 // integer totals atomically (or stores its chunks' results in the request's
 // chunk slots) and publishes it (release), then waits (bounded acquire spin)
 // until every slice is published. A slice is taken only by a running block,
-// so no wait is on a block that has not started (the host, running blocks
-// one after another, has a request's block 0 take every slice). For the
+// so no wait is on a block that has not started (the host runs a request's
+// blocks one after another, the writer last: the first to run takes every
+// slice, and the writer reads only what another block published). For the
 // sample only block 0, the writer, waits and chooses; only it stores
 // outputs. A block may start long after the others have moved on, so nothing
 // it reads may have been overwritten: no workspace row is written; the
@@ -416,7 +417,7 @@ struct CurrentTargetRow {
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t, const float (&p)[kPerThread],
                                                      const float (&q)[kPerThread],
                                                      uint64_t (&weights)[kWays][kPerThread]) const {
-    if (kSplit) {
+    if constexpr (kSplit) {
       float target_probs[kPerThread], draft_probs[kPerThread];
       SPECDEC_UNROLL
       for (int j = 0; j < kPerThread; ++j) {
@@ -426,14 +427,14 @@ struct CurrentTargetRow {
       walk.apply_rejections(first, target_probs, draft_probs);
       SPECDEC_UNROLL
       for (int j = 0; j < kPerThread; ++j) weights[0][j] = fixed_point_weight(target_probs[j]);
-      return;
-    }
-    SPECDEC_UNROLL
-    for (int j = 0; j < kPerThread; ++j) {
-      float target_prob = p[j];
-      float draft_prob = q[j];
-      if (walk.pending.token >= 0) walk.apply_pending(first + j, target_prob, draft_prob);
-      weights[0][j] = fixed_point_weight(target_prob);
+    } else {
+      SPECDEC_UNROLL
+      for (int j = 0; j < kPerThread; ++j) {
+        float target_prob = p[j];
+        float draft_prob = q[j];
+        if (walk.pending.token >= 0) walk.apply_pending(first + j, target_prob, draft_prob);
+        weights[0][j] = fixed_point_weight(target_prob);
+      }
     }
   }
 };
