@@ -1,5 +1,5 @@
 """Launchers for tree_verify: the Triton kernel (configuration, workspace, one launch) and the CUDA extension
-(one block per request, csrc/tree_verify.cu)."""
+(one block per request, or the same split plan for small batches, csrc/tree_verify.cu)."""
 
 from __future__ import annotations
 

@@ -69,9 +69,9 @@
 // statistics, greedy argmaxes and truncation thresholds are recomputed by
 // each with the same code (the same bits). Each vocabulary pass, a
 // rejection's totals or the final sample's chunks, is a *stage* shared
-// through the request's stage record: a block takes slices of whole 1024
-// chunks from the record's counter until none is left, adds each slice's
-// integer totals atomically (or stores its chunks' results in the request's
+// through the request's stage record (tree_verify_stages.cuh): a block
+// takes slices of whole 1024 chunks from the record's counter until none is
+// left, adds each slice's integer totals atomically (or stores its chunks' results in the request's
 // chunk slots) and publishes it (release), then waits (bounded acquire spin)
 // until every slice is published. A slice is taken only by a running block,
 // so no wait is on a block that has not started (the host runs a request's
@@ -129,6 +129,7 @@
 #include "specdec/index.cuh"
 #include "specdec/rng.cuh"
 #include "specdec/sampling.cuh"
+#include "specdec/tree_verify_stages.cuh"
 #include "specdec/truncation.cuh"
 
 namespace specdec {
@@ -181,22 +182,6 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_request_words(int64_
 }
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_workspace_words(int64_t batch_size, int64_t vocab_size) {
   return batch_size * tree_verify_request_words(vocab_size);
-}
-
-// Split plan: the stage records (kernels/tree_verify_stages.py's layout),
-// kStageWords int64 words each, after a header line whose word 0 counts the
-// waits that gave up; request b's N + 1 records start at
-// kStageWords * (1 + b * (N + 1)).
-constexpr int64_t kStageWords = 16;  // one 128-byte line
-constexpr int64_t kTakenWord = 0;       // slices taken (past `splits` once all are)
-constexpr int64_t kPublishedWord = 1;   // slices published
-constexpr int64_t kTotalsWord = 2;      // six words: residual, p, q without the token; high31 then low31
-constexpr int64_t kTokenWord = 8;       // the rejection as applied: token,
-constexpr int64_t kResidualWord = 9;    // residual-had-mass flag,
-constexpr int64_t kTargetReciprocalWord = 10;  // float32 bits of the p reciprocal,
-constexpr int64_t kDraftReciprocalWord = 11;   // and of the q reciprocal
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_stage_words(int64_t split_requests, int64_t max_nodes) {
-  return kStageWords * (1 + split_requests * (max_nodes + 1));
 }
 
 // Launchers (csrc/tree_verify.cu). Neither synchronises.
@@ -279,34 +264,6 @@ struct Row {
     for (int j = 0; j < kCount; ++j) out[j] = truncated_probability(out[j], truncation);
   }
 };
-
-// The last rejection at the current node, not yet applied to its base rows:
-// the current rows are the base rows with it applied where they are read.
-struct Pending {
-  int64_t token;            // the rejected token; -1: none
-  bool residual;            // max(0, p - q) had mass (else p is renormalised as it is)
-  float target_reciprocal;  // of the total of p's new weights
-  float draft_reciprocal;   // of the total of q's weights without `token` (without replacement)
-};
-
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending no_pending() { return {-1, false, 1.0f, 1.0f}; }
-
-// A word of a stage record another block (or this one's thread 0) wrote:
-// from L2, never a stale L1 line.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t record_word(const int64_t* record, int64_t word) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(record + word)));
-#else
-  return record[word];
-#endif
-}
-
-// Split plan: a rejection as its stage record holds it.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending recorded_rejection(const int64_t* record) {
-  return {record_word(record, kTokenWord), record_word(record, kResidualWord) != 0,
-          bits_as_float(static_cast<uint32_t>(record_word(record, kTargetReciprocalWord))),
-          bits_as_float(static_cast<uint32_t>(record_word(record, kDraftReciprocalWord)))};
-}
 
 // Everything one request needs besides the tree. kSplit: the split plan,
 // where the current rows are the input rows with the rejections at the
@@ -439,21 +396,6 @@ struct CurrentTargetRow {
   }
 };
 
-struct RejectionTotals {
-  SplitTotal residual, target;
-};
-
-struct AddRejectionTotals {
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RejectionTotals operator()(RejectionTotals a, RejectionTotals b) const {
-    return {AddSplitTotals()(a.residual, b.residual), AddSplitTotals()(a.target, b.target)};
-  }
-};
-
-struct PassTotals {
-  RejectionTotals totals;
-  SplitTotal draft;  // q without the rejected token (without replacement)
-};
-
 // One pass over entries [lo, hi) of the current rows (lo a multiple of
 // kSpan; hi the vocabulary size or a multiple of a chunk) for the rejection
 // of token `drawn`: the exact totals of the fixed-point weights of
@@ -491,13 +433,6 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE PassTotals rejection_pass(const Block& b
   return {totals, draft_total};
 }
 
-// The rejection of `drawn` made from its totals, as the walk applies it.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending rejection_of(int64_t drawn, const PassTotals& pass) {
-  const bool use_residual = has_mass(pass.totals.residual);
-  return {drawn, use_residual, total_reciprocal(use_residual ? pass.totals.residual : pass.totals.target),
-          total_reciprocal(pass.draft)};
-}
-
 // The rejection of token `drawn`, in one pass over the current rows
 // (rejection_pass), which makes it the pending rejection. Were a rejection
 // pending already (a second one at this node), the pass also writes the
@@ -517,15 +452,6 @@ SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t dr
   walk.pending = rejection_of(drawn, pass);
 }
 
-// Split plan: a request's blocks and their place in its stage records.
-struct SplitPlan {
-  int64_t* records;    // the request's N + 1 records; record N counts the blocks out
-  int32_t* error;      // counts the waits that gave up
-  int64_t splits;      // blocks per request = slices per stage
-  int64_t chunks_per_split;
-  int64_t stage;       // the next stage
-};
-
 // Split plan: the rejection of `drawn` as one stage. The block takes slices
 // of the pass from the stage's counter until none is left, adds each
 // slice's totals and publishes it, then waits for every slice (each taken by
@@ -535,32 +461,13 @@ template <class Block, class Prob>
 SPECDEC_HOST_DEVICE void reject_split(const Block& block, Walk<Prob, true>& walk, int64_t drawn, SplitPlan& plan) {
   int64_t* record = plan.records + plan.stage * kStageWords;
   const int64_t slice_entries = plan.chunks_per_split * kChunkSize;
-  for (int64_t slice = block.take(record + kTakenWord); slice < plan.splits; slice = block.take(record + kTakenWord)) {
+  for (int64_t slice = take_slice(block, record); slice < plan.splits; slice = take_slice(block, record)) {
     const int64_t lo = slice * slice_entries;
     const int64_t hi = lo + slice_entries < walk.vocab_size ? lo + slice_entries : walk.vocab_size;
-    const PassTotals pass = rejection_pass(block, walk, drawn, lo, hi, false);
-    const uint64_t words[6] = {pass.totals.residual.high31, pass.totals.residual.low31, pass.totals.target.high31,
-                               pass.totals.target.low31,    pass.draft.high31,          pass.draft.low31};
-    SPECDEC_UNROLL
-    for (int word = 0; word < 6; ++word) block.add_relaxed(record + kTotalsWord + word, static_cast<int64_t>(words[word]));
-    block.arrive(record + kPublishedWord);  // releases the adds
+    publish_totals(block, record, rejection_pass(block, walk, drawn, lo, hi, false));
   }
-  block.wait_at_least(static_cast<const int64_t*>(record + kPublishedWord), plan.splits, plan.error);
-  PassTotals pass;
-  pass.totals.residual = {static_cast<uint64_t>(block.load_published(record + kTotalsWord)),
-                          static_cast<uint64_t>(block.load_published(record + kTotalsWord + 1))};
-  pass.totals.target = {static_cast<uint64_t>(block.load_published(record + kTotalsWord + 2)),
-                        static_cast<uint64_t>(block.load_published(record + kTotalsWord + 3))};
-  pass.draft = {static_cast<uint64_t>(block.load_published(record + kTotalsWord + 4)),
-                static_cast<uint64_t>(block.load_published(record + kTotalsWord + 5))};
-  const Pending rejection = rejection_of(drawn, pass);
-  if (block.thread() == 0) {
-    record[kTokenWord] = rejection.token;
-    record[kResidualWord] = rejection.residual ? 1 : 0;
-    record[kTargetReciprocalWord] = static_cast<int64_t>(float_as_bits(rejection.target_reciprocal));
-    record[kDraftReciprocalWord] = static_cast<int64_t>(float_as_bits(rejection.draft_reciprocal));
-  }
-  block.sync();  // the record, visible to the block's threads (read from L2)
+  wait_for_stage(block, plan, record);
+  record_rejection(block, record, rejection_of(drawn, stage_totals(block, record)));
   ++plan.stage;
   walk.replay_end = plan.stage;
 }
@@ -593,27 +500,15 @@ SPECDEC_HOST_DEVICE int64_t sample_target_split(const Block& block, const Walk<P
   const CurrentTargetRow<Prob, true> row = {walk, position};
   int64_t* record = plan.records + plan.stage * kStageWords;
   ++plan.stage;
-  for (int64_t slice = block.take(record + kTakenWord); slice < plan.splits; slice = block.take(record + kTakenWord)) {
+  for (int64_t slice = take_slice(block, record); slice < plan.splits; slice = take_slice(block, record)) {
     const int64_t lo = slice * plan.chunks_per_split;
     const int64_t hi = lo + plan.chunks_per_split < num_chunks ? lo + plan.chunks_per_split : num_chunks;
     sample_slice<1>(block, row, key, walk.vocab_size, lo, hi, slots);
-    block.arrive(record + kPublishedWord);  // releases the slice's chunk results
+    publish_slice(block, record);  // releases the slice's chunk results
   }
   if (!writer) return -1;
-  block.wait_at_least(static_cast<const int64_t*>(record + kPublishedWord), plan.splits, plan.error);
+  wait_for_stage(block, plan, record);
   return finish_sampled(block, slots, num_chunks, false, key, position);
-}
-
-// Split plan: counts the block out; the request's last block puts the
-// records of the stages used and the counter back to zero.
-template <class Block>
-SPECDEC_HOST_DEVICE void end_request(const Block& block, const SplitPlan& plan, int64_t max_nodes) {
-  int64_t* counter = plan.records + max_nodes * kStageWords;
-  if (block.arrive(counter) != plan.splits - 1) return;  // after every read of the records
-  for (int64_t word = block.thread(); word < plan.stage * kStageWords; word += block.num_threads()) {
-    plan.records[word] = 0;
-  }
-  if (block.thread() == 0) *counter = 0;
 }
 
 // The truncation of the current node's input target row (its statistics
