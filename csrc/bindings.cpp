@@ -990,6 +990,8 @@ struct TreeVerifyTensors {
   const at::Tensor& output_token_ids;
   const at::Tensor& num_accepted;
   SamplingParameterTensors sampling;
+  const std::optional<at::Tensor>& stages;
+  int64_t num_splits;
 };
 
 void check_tree_verify_args(const TreeVerifyTensors& t) {
@@ -1040,6 +1042,17 @@ void check_tree_verify_args(const TreeVerifyTensors& t) {
                     "B * (2 * ceil(3 * ceil(V / 1024) / 2) + 4 * ceil(V / 4)) = ",
                     words, ", got ", t.workspace.sizes());
   check_same_device(t.workspace, op, "workspace", t.target, "target");
+  TORCH_CHECK_VALUE(t.num_splits >= 1 && t.num_splits <= 65536,
+                    "specdec_C::tree_verify: `num_splits` must be in [1, 65536], got ", t.num_splits);
+  if (t.num_splits > 1) {
+    const int64_t stage_words = tree_verify_stage_words(batch_size, max_nodes);
+    TORCH_CHECK_VALUE(t.stages.has_value(), "specdec_C::tree_verify: `num_splits` > 1 needs `stages`");
+    check_dtype(*t.stages, op, "stages", at::kLong);
+    TORCH_CHECK_VALUE(t.stages->dim() == 1 && t.stages->is_contiguous() && t.stages->numel() >= stage_words,
+                      "specdec_C::tree_verify: `stages` must be a contiguous [M] tensor with M >= "
+                      "16 * (1 + B * (N + 1)) = ", stage_words, ", got ", t.stages->sizes());
+    check_same_device(*t.stages, op, "stages", t.target, "target");
+  }
   check_token_rows(t.accepted_nodes, op, "accepted_nodes", "[B, N]", batch_size, max_nodes, t.target);
   check_token_rows(t.output_token_ids, op, "output_token_ids", "[B, N]", batch_size, max_nodes, t.target);
   check_counts_output(t.num_accepted, op, "num_accepted", batch_size, t.target);
@@ -1093,6 +1106,8 @@ TreeVerifyInputs prepare_tree_verify(const TreeVerifyTensors& t, bool logits, in
   args.output_stride_b = t.output_token_ids.stride(0);
   args.num_accepted = t.num_accepted.data_ptr<int32_t>();
   args.workspace = t.workspace.data_ptr<int64_t>();
+  if (t.num_splits > 1) args.stages = t.stages->data_ptr<int64_t>();
+  args.num_splits = static_cast<int32_t>(t.num_splits);
   args.batch_size = inputs.target.size(0);
   args.max_nodes = static_cast<int32_t>(inputs.target.size(1));
   args.vocab_size = static_cast<int32_t>(inputs.target.size(2));
@@ -1107,7 +1122,8 @@ void tree_verify_meta(const at::Tensor& tree_token_ids, const at::Tensor& parent
                       const at::Tensor& accepted_nodes, const at::Tensor& output_token_ids,
                       const at::Tensor& num_accepted, const std::optional<at::Tensor>& top_k,
                       const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
-                      const std::optional<at::Tensor>& bonus_token_ids) {
+                      const std::optional<at::Tensor>& bonus_token_ids, const std::optional<at::Tensor>& stages,
+                      int64_t num_splits) {
   // Under dynamic shapes only dtypes and ranks are known; sizes are checked
   // by the real kernels.
   for (const at::Tensor* tensor : {&tree_token_ids, &parents, &target, &workspace, &accepted_nodes,
@@ -1120,7 +1136,7 @@ void tree_verify_meta(const at::Tensor& tree_token_ids, const at::Tensor& parent
   }
   check_tree_verify_args({tree_token_ids, parents, target, draft, num_nodes, temperature, draft_sampling, seed, offset,
                           workspace, accepted_nodes, output_token_ids, num_accepted, {top_k, top_p, min_p,
-                          bonus_token_ids}});
+                          bonus_token_ids}, stages, num_splits});
 }
 
 void tree_verify_cpu(const at::Tensor& tree_token_ids, const at::Tensor& parents, const at::Tensor& target,
@@ -1131,13 +1147,15 @@ void tree_verify_cpu(const at::Tensor& tree_token_ids, const at::Tensor& parents
                      const at::Tensor& accepted_nodes, const at::Tensor& output_token_ids,
                      const at::Tensor& num_accepted, const std::optional<at::Tensor>& top_k,
                      const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
-                     const std::optional<at::Tensor>& bonus_token_ids) {
+                     const std::optional<at::Tensor>& bonus_token_ids, const std::optional<at::Tensor>& stages,
+                     int64_t num_splits) {
   const TreeVerifyTensors tensors = {tree_token_ids, parents,  target,         draft,          num_nodes,
                                      temperature,    draft_sampling, seed,     offset,         workspace,
                                      accepted_nodes, output_token_ids, num_accepted, {top_k, top_p, min_p,
-                                     bonus_token_ids}};
+                                     bonus_token_ids}, stages, num_splits};
   check_tree_verify_args(tensors);
-  tree_verify_host(prepare_tree_verify(tensors, logits, seed_value, offset_value).args);
+  const char* failure = tree_verify_host(prepare_tree_verify(tensors, logits, seed_value, offset_value).args);
+  TORCH_CHECK(failure == nullptr, "specdec_C::tree_verify (host): ", failure);
 }
 
 void tree_verify_cuda(const at::Tensor& tree_token_ids, const at::Tensor& parents, const at::Tensor& target,
@@ -1148,11 +1166,12 @@ void tree_verify_cuda(const at::Tensor& tree_token_ids, const at::Tensor& parent
                       const at::Tensor& accepted_nodes, const at::Tensor& output_token_ids,
                       const at::Tensor& num_accepted, const std::optional<at::Tensor>& top_k,
                       const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
-                      const std::optional<at::Tensor>& bonus_token_ids) {
+                      const std::optional<at::Tensor>& bonus_token_ids, const std::optional<at::Tensor>& stages,
+                      int64_t num_splits) {
   const TreeVerifyTensors tensors = {tree_token_ids, parents,  target,         draft,          num_nodes,
                                      temperature,    draft_sampling, seed,     offset,         workspace,
                                      accepted_nodes, output_token_ids, num_accepted, {top_k, top_p, min_p,
-                                     bonus_token_ids}};
+                                     bonus_token_ids}, stages, num_splits};
   check_tree_verify_args(tensors);
   const c10::DeviceGuard device_guard(target.device());
   const TreeVerifyInputs inputs = prepare_tree_verify(tensors, logits, seed_value, offset_value);
@@ -1227,13 +1246,16 @@ TORCH_LIBRARY(specdec_C, m) {
   // rng_fill; `workspace` int64 [M], M >= B * (2 * ceil(3 * ceil(V / 1024)
   // / 2) + 4 * ceil(V / 4)), contents need not be initialised. The sampling
   // parameters, each [B] or None: top_k and bonus_token_ids int32/int64,
-  // top_p and min_p float32.
+  // top_p and min_p float32. `num_splits` > 1: that many blocks share each
+  // request's vocabulary passes through `stages`, int64 [>= 16 * (1 + B *
+  // (N + 1))]: zero before the call and left zero after it (word 0 counts
+  // the waits that gave up).
   m.def(
       "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft, Tensor? num_nodes, "
       "Tensor? temperature, bool logits, str draft_sampling, Tensor? seed, int seed_value, Tensor? offset, "
       "int offset_value, Tensor(a!) workspace, Tensor(b!) accepted_nodes, Tensor(c!) output_token_ids, "
       "Tensor(d!) num_accepted, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-      "Tensor? bonus_token_ids=None) -> ()");
+      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, int num_splits=1) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specdec_C, CPU, m) {

@@ -97,7 +97,7 @@ def run_op(case, seed, offset, workspace_words=None):
     seed_tensor, seed_value = (seed, 0) if isinstance(seed, torch.Tensor) else (None, _wrap(seed))
     offset_tensor, offset_value = (offset, 0) if isinstance(offset, torch.Tensor) else (None, _wrap(offset))
     if workspace_words is None:
-        workspace_words = cuda_workspace_specs(batch_size, vocab_size)["tree_verify_cuda.workspace"][0]
+        workspace_words = cuda_workspace_specs(batch_size, tree_size, vocab_size, None)["tree_verify_cuda.workspace"][0]
     # Garbage everywhere: the program must write every output entry and never rely on the workspace.
     workspace = torch.full((workspace_words,), -123456789, dtype=torch.int64, device=target.device)
     accepted_nodes = torch.full((batch_size, tree_size), 77, dtype=torch.int32, device=target.device)
@@ -335,7 +335,7 @@ def test_host_program_residual_rows_are_the_reference_normaliser(draft_mode):
     ids, parents, target, draft = rejected_root_case(batch_size, vocab_size)
     draft = None if draft_mode is None else draft
     sampling = draft_mode or "without_replacement"
-    words = cuda_workspace_specs(batch_size, vocab_size)["tree_verify_cuda.workspace"][0]
+    words = cuda_workspace_specs(batch_size, 4, vocab_size, None)["tree_verify_cuda.workspace"][0]
     untouched = torch.full((batch_size, vocab_size), -1, dtype=torch.int32)
     for num_children in (1, 2, 3):
         num_nodes = torch.full((batch_size,), num_children + 1, dtype=torch.int32)
@@ -469,7 +469,7 @@ def test_host_program_truncated_residual_rows_are_the_reference(draft_mode):
                                [50, 0.95, 0.0], [0, 0.5, 0.2]])
     top_k, top_p, min_p = parameters[:, 0].to(torch.int64), parameters[:, 1].contiguous(), parameters[:, 2].contiguous()
     draft = None if draft_mode is None else draft
-    words = cuda_workspace_specs(batch_size, vocab_size)["tree_verify_cuda.workspace"][0]
+    words = cuda_workspace_specs(batch_size, 4, vocab_size, None)["tree_verify_cuda.workspace"][0]
     workspace = torch.full((words,), -1, dtype=torch.int64)
     outputs = (torch.zeros(batch_size, 4, dtype=torch.int32), torch.zeros(batch_size, 4, dtype=torch.int32),
                torch.zeros(batch_size, dtype=torch.int32))
@@ -534,15 +534,21 @@ def test_launcher_takes_int64_parents():
 
 def test_workspace_specs():
     # V = 3000: 3 chunks -> 9 words, rounded up to 10; rows of 3000 floats (a multiple of 4) -> 3000 words.
-    assert cuda_workspace_specs(5, 3000) == {"tree_verify_cuda.workspace": (5 * (10 + 3000), torch.int64)}
-    # V = 7: 1 chunk -> 3 words -> 4; rows of 8 floats.
-    assert cuda_workspace_specs(2, 7) == {"tree_verify_cuda.workspace": (2 * (4 + 8), torch.int64)}
+    # Stage records: a 16-word header, then N + 1 = 7 records of 16 words for each of min(B, 4) requests
+    # (the host splits batches of up to 4).
+    assert cuda_workspace_specs(5, 6, 3000, None) == {
+        "tree_verify_cuda.workspace": (5 * (10 + 3000), torch.int64),
+        "tree_verify_cuda.stages": (16 * (1 + 4 * 7), torch.int64)}
+    # V = 7: 1 chunk -> 3 words -> 4; rows of 8 floats. On a GPU of 132 SMs, batches of up to 66 may split.
+    assert cuda_workspace_specs(2, 3, 7, 132) == {
+        "tree_verify_cuda.workspace": (2 * (4 + 8), torch.int64),
+        "tree_verify_cuda.stages": (16 * (1 + 2 * 4), torch.int64)}
 
 
 @needs_op
 def test_host_program_workspace_of_exactly_the_specified_size():
     case = make_case(3, 6, 1111, seed=2)
-    words = cuda_workspace_specs(3, 1111)["tree_verify_cuda.workspace"][0]
+    words = cuda_workspace_specs(3, 6, 1111, None)["tree_verify_cuda.workspace"][0]
     assert_same(run_op(case, 1, 1, workspace_words=words), run_reference(case, 1, 1), "exact size")
     with pytest.raises(ValueError, match=rf"`workspace` must be a contiguous \[M\] tensor with M >= .* = {words}, "
                                          rf"got \[{words - 1}\]"):
@@ -556,8 +562,8 @@ def test_reserve_workspace_with_trees_includes_the_cuda_tree_verify(monkeypatch)
     monkeypatch.setattr(_backend, "available",
                         lambda op_name, backend, device: (op_name, backend) == ("tree_verify", "cuda"))
     monkeypatch.setattr(_workspace, "reserve", lambda device, specs, **options: reserved.update(specs))
-    sk.reserve_workspace("cpu", batch_size=3, max_draft_tokens=7, vocab_size=5000, trees=True)
-    assert reserved == cuda_workspace_specs(3, 5000)
+    sk.reserve_workspace("cpu", batch_size=3, max_draft_tokens=7, vocab_size=5000, trees=True, max_tree_nodes=40)
+    assert reserved == cuda_workspace_specs(3, 40, 5000, None)
     reserved.clear()
     sk.reserve_workspace("cpu", batch_size=3, max_draft_tokens=7, vocab_size=5000)
     assert reserved == {}
@@ -609,7 +615,7 @@ def test_opcheck():
     case = make_case(3, 5, 40, seed=2)
     arguments = (case["tree_token_ids"], case["parents"], case["target"], case["draft"], case["num_nodes"],
                  case["temperature"], False, "with_replacement", None, 4, torch.tensor(2), 0,
-                 torch.zeros(cuda_workspace_specs(3, 40)["tree_verify_cuda.workspace"][0], dtype=torch.int64),
+                 torch.zeros(cuda_workspace_specs(3, 5, 40, None)["tree_verify_cuda.workspace"][0], dtype=torch.int64),
                  torch.zeros(3, 5, dtype=torch.int32), torch.zeros(3, 5, dtype=torch.int32),
                  torch.zeros(3, dtype=torch.int32))
     torch.library.opcheck(torch.ops.specdec_C.tree_verify.default, arguments)

@@ -76,11 +76,9 @@ def test_the_plan_splits_small_batches_only():
     assert launcher.launch_config(1, 1025, 128256, multiprocessors=132).num_splits == 1  # records bounded
 
 
-@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
-@pytest.mark.parametrize("batch_size, vocab_size", [(2, 2500), (3, 5000)])
-@pytest.mark.parametrize("bushy", [True, False])
-def test_split_plan_matches_the_reference(draft_mode, batch_size, vocab_size, bushy, device):
-    """Random trees (ragged, invalid ids, zero entries, greedy requests mixed in): the reference's bits."""
+def random_split_case(draft_mode, batch_size, vocab_size, bushy):
+    """``(ids, parents, target, draft, arguments)``: random trees of 12 nodes (ragged, invalid ids, zero
+    entries, greedy requests mixed in), per-request seeds."""
     generator = torch.Generator().manual_seed(vocab_size + bushy)
     ids, parents, target, draft, num_nodes, temperature = random_problem(
         generator, batch_size, 12, vocab_size, invalid_fraction=0.05, zero_fraction=0.2, greedy_fraction=0.3,
@@ -88,6 +86,15 @@ def test_split_plan_matches_the_reference(draft_mode, batch_size, vocab_size, bu
     draft = None if draft_mode is None else draft
     arguments = dict(num_nodes=num_nodes, temperature=temperature, draft_sampling=draft_mode or "with_replacement",
                      seed=torch.arange(batch_size) * 977 - 3, offset=5)
+    return ids, parents, target, draft, arguments
+
+
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+@pytest.mark.parametrize("batch_size, vocab_size", [(2, 2500), (3, 5000)])
+@pytest.mark.parametrize("bushy", [True, False])
+def test_split_plan_matches_the_reference(draft_mode, batch_size, vocab_size, bushy, device):
+    """Random trees (ragged, invalid ids, zero entries, greedy requests mixed in): the reference's bits."""
+    ids, parents, target, draft, arguments = random_split_case(draft_mode, batch_size, vocab_size, bushy)
     assert launcher.launch_config(batch_size, 12, vocab_size, interpreter=True).num_splits > 1
     expected = sk.tree_verify(ids, parents, target, draft, backend="reference", **arguments)
     assert_same(verify(device, ids, parents, target, draft, **arguments), expected)
@@ -112,18 +119,26 @@ def test_many_rejections_at_one_node(draft_mode, children, device, monkeypatch):
     assert all(not buffer.any() for buffer in stage_buffers(device))
 
 
-@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
-def test_logits_give_the_bits_of_the_one_program_plan(draft_mode, device, monkeypatch):
-    """With logits the kernels only agree with the reference near ties, but the two plans compute the same
-    statistics with the same code and the same float32 maps: the same bits."""
+def logits_case(draft_mode):
+    """``(ids, parents, logits, draft_logits, arguments)``: 2 requests of logits rows over 3 chunks, greedy
+    requests mixed in, for comparing the split plan with the one-program plan (add a seed)."""
     generator = torch.Generator().manual_seed(31)
     ids, parents, target, draft, num_nodes, temperature = random_problem(
         generator, 2, 10, 3000, greedy_fraction=0.3, bushy=True)
     logits = torch.log(target + 1e-9) * 3
     draft_logits = None if draft_mode is None else torch.log(draft + 1e-9)
+    arguments = dict(num_nodes=num_nodes, temperature=temperature, logits=True,
+                     draft_sampling=draft_mode or "with_replacement")
+    return ids, parents, logits, draft_logits, arguments
+
+
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_logits_give_the_bits_of_the_one_program_plan(draft_mode, device, monkeypatch):
+    """With logits the kernels only agree with the reference near ties, but the two plans compute the same
+    statistics with the same code and the same float32 maps: the same bits."""
+    ids, parents, logits, draft_logits, case_arguments = logits_case(draft_mode)
     for seed in range(3):
-        arguments = dict(num_nodes=num_nodes, temperature=temperature, logits=True, seed=seed,
-                         draft_sampling=draft_mode or "with_replacement")
+        arguments = dict(case_arguments, seed=seed)
         split = verify(device, ids, parents, logits, draft_logits, **arguments)
         assert_same(unsplit(monkeypatch, lambda: verify(device, ids, parents, logits, draft_logits, **arguments)),
                     split)
@@ -152,13 +167,19 @@ def test_a_long_walk_uses_and_clears_many_stages(device):
         assert all(not buffer.any() for buffer in stage_buffers(device))
 
 
-@pytest.mark.parametrize("multiprocessors", [None, 132])
-def test_workspace_sizes_do_not_decrease(multiprocessors):
-    """A reservation for the largest B, N and V covers every smaller call."""
+def assert_sizes_do_not_decrease(workspace_specs, multiprocessors):
+    """``workspace_specs(B, N, V, multiprocessors)``: a reservation for the largest B, N and V covers every
+    smaller call (split batches and their stage records around the split bound included)."""
     sizes = [(batch, nodes, vocab) for batch in (1, 3, 4, 5, 66, 67, 200) for nodes in (1, 64, 1024, 1025, 5000)
              for vocab in (7, 2100, 128256)]
-    specs = {size: launcher.triton_workspace_specs(*size, multiprocessors) for size in sizes}
+    specs = {size: workspace_specs(*size, multiprocessors) for size in sizes}
     for small in sizes:
         for large in sizes:
             if all(s <= l for s, l in zip(small, large)):
                 assert all(specs[small][name][0] <= specs[large][name][0] for name in specs[small])
+
+
+@pytest.mark.parametrize("multiprocessors", [None, 132])
+def test_workspace_sizes_do_not_decrease(multiprocessors):
+    """A reservation for the largest B, N and V covers every smaller call."""
+    assert_sizes_do_not_decrease(launcher.triton_workspace_specs, multiprocessors)

@@ -1,5 +1,5 @@
 """Launchers for tree_verify: the Triton kernel (configuration, workspace, one launch) and the CUDA extension
-(one block per request, csrc/tree_verify.cu)."""
+(one block per request, or the same split plan for small batches, csrc/tree_verify.cu)."""
 
 from __future__ import annotations
 
@@ -202,26 +202,37 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
     return accepted_nodes, output, num_accepted
 
 
-def cuda_workspace_specs(batch_size: int, vocab_size: int) -> dict[str, tuple[int, torch.dtype]]:
+def cuda_workspace_specs(batch_size: int, tree_size: int, vocab_size: int,
+                         multiprocessors: int | None) -> dict[str, tuple[int, torch.dtype]]:
     """Scratch the CUDA kernel needs for one call, as ``{name: (numel, dtype)}`` for ``_workspace.buffers``.
 
     ``workspace`` (int64), per request: three words per 1024-token chunk
     (the final sample's chunk totals and candidates), rounded up to even,
     then two float32 rows of ``V`` rounded up to 4 (the base target and
-    proposal rows, written at a second rejection at a node) — the layout of
-    ``csrc/include/specdec/tree_verify.cuh``. Contents need not be
-    initialised and no call leaves state behind. Non-decreasing in ``B`` and
-    ``V``, so a reservation for the largest sizes serves every smaller call.
+    proposal rows, written at a second rejection at a node, never in the
+    split plan) — the layout of ``csrc/include/specdec/tree_verify.cuh``.
+    Its contents need not be initialised. ``stages`` (int64): the split
+    plan's stage records, 16 words each, after a 16-word header whose word 0
+    counts the waits that gave up; ``N + 1`` records per request (trees of
+    at most ``MAX_SPLIT_TREE_NODES`` nodes) for at
+    most :func:`split_batch_bound` requests (``multiprocessors`` ``None``:
+    the host, with the interpreter's constants). Zero-initialised once by
+    ``_workspace.buffers`` and left at zero by every call. Every size is
+    non-decreasing in ``B``, ``N`` and ``V``, so a reservation for the
+    largest sizes serves every smaller call.
     """
     slot_words = cdiv(3 * cdiv(vocab_size, CHUNK_SIZE), 2) * 2
     row_floats = cdiv(vocab_size, 4) * 4
-    return {"tree_verify_cuda.workspace": (batch_size * (slot_words + row_floats), torch.int64)}
+    split_requests = min(batch_size, split_batch_bound(multiprocessors))
+    stages = min(tree_size, MAX_SPLIT_TREE_NODES) + 1
+    return {"tree_verify_cuda.workspace": (batch_size * (slot_words + row_floats), torch.int64),
+            "tree_verify_cuda.stages": (STAGE_WORDS * (1 + split_requests * stages), torch.int64)}
 
 
 def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
                      seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
                      bonus_token_ids=None):
-    batch_size, _, vocab_size = target.shape
+    batch_size, tree_size, vocab_size = target.shape
     device = target.device
     accepted_nodes, output, num_accepted = allocate_outputs(target)
     if batch_size == 0:
@@ -230,10 +241,15 @@ def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperat
         # The kernel reads int32 parents. Clamping keeps every outcome: a
         # parent outside [0, i) stays outside it, so its node stays unreachable.
         parents = parents.clamp(-(2**31), 2**31 - 1).to(torch.int32)
-    (workspace,) = _workspace.buffers(device, cuda_workspace_specs(batch_size, vocab_size)).values()
+    # The Triton kernel's split plan (vocabulary_splits): on the host (CPU
+    # tensors, the block program emulated) with the interpreter's constants.
+    multiprocessors = multiprocessor_count(device) if device.type == "cuda" else None
+    num_splits, _ = vocabulary_splits(batch_size, vocab_size, multiprocessors, tree_size)
+    workspace, stages = _workspace.buffers(
+        device, cuda_workspace_specs(batch_size, tree_size, vocab_size, multiprocessors)).values()
     torch.ops.specdec_C.tree_verify(
         tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
         seed_tensor, seed, offset_tensor, offset, workspace, accepted_nodes, output, num_accepted,
-        top_k, top_p, min_p, bonus_token_ids,
+        top_k, top_p, min_p, bonus_token_ids, stages, num_splits,
     )
     return accepted_nodes, output, num_accepted

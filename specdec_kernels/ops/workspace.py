@@ -66,10 +66,11 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
     if _backend.available("chain_verify", "cuda", device):
         specs.update(chain_verify_launchers.cuda_workspace_specs(
             batch_size, rows_per_request, vocab_size, logits, device))
+    multiprocessors = multiprocessor_count(device) if device.type == "cuda" else None
     if trees and _backend.available("tree_verify", "triton", device):
-        multiprocessors = multiprocessor_count(device) if device.type == "cuda" else None
         specs.update(tree_verify_launchers.triton_workspace_specs(batch_size, max_tree_nodes, vocab_size,
                                                                   multiprocessors))
     if trees and _backend.available("tree_verify", "cuda", device):
-        specs.update(tree_verify_launchers.cuda_workspace_specs(batch_size, vocab_size))
+        specs.update(tree_verify_launchers.cuda_workspace_specs(batch_size, max_tree_nodes, vocab_size,
+                                                                multiprocessors))
     _workspace.reserve(device, specs, stream=stream, for_capture=for_capture)

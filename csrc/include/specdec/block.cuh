@@ -17,10 +17,15 @@
 //   draws()                                  kThreads uint64 words of shared memory;
 //   load_published(p)                        a word another block released (int32, int64);
 //   take_ticket(counter, count)              a launch-wide order of block starts;
+//   take(counter)                            thread 0 counts in (relaxed); every thread
+//                                            gets the count before (int64 counters);
+//   add_relaxed(word, value)                 thread 0 adds to an int64 word (relaxed);
 //   arrive(counter)                          release, count in, acquire; the count before;
 //   reset(counter)                           back to zero (the last arrival only);
 //   wait_at_least(counter, count, error)     bounded acquire-spin; false (and *error set)
 //                                            when the bound is hit.
+//
+// The counters of arrive and wait_at_least are int32 or int64 words.
 //
 // Every member is called by all threads of the block in uniform control
 // flow (warp members: by all lanes of a warp).
@@ -177,20 +182,53 @@ struct DeviceBlock {
     return shared->broadcast;
   }
 
+  __device__ __forceinline__ static int32_t atomic_add(int32_t* word, int32_t value) {
+    return atomicAdd(word, value);
+  }
+  __device__ __forceinline__ static int64_t atomic_add(int64_t* word, int64_t value) {
+    return static_cast<int64_t>(
+        atomicAdd(reinterpret_cast<unsigned long long*>(word), static_cast<unsigned long long>(value)));
+  }
+  __device__ __forceinline__ static int32_t load_acquire(const int32_t* word) {
+    int32_t seen;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
+    return seen;
+  }
+  __device__ __forceinline__ static int64_t load_acquire(const int64_t* word) {
+    int64_t seen;
+    asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(seen) : "l"(word) : "memory");
+    return seen;
+  }
+
+  // Thread 0 counts in (relaxed: the count orders nothing); every thread
+  // gets the count before. The counts read back are small (int32).
+  __device__ __forceinline__ int64_t take(int64_t* counter) const {
+    __syncthreads();  // the previous use of `broadcast` is over
+    if (thread() == 0) shared->broadcast = static_cast<int32_t>(atomic_add(counter, 1));
+    __syncthreads();
+    return shared->broadcast;
+  }
+
+  // Thread 0 adds (relaxed); a later arrive() releases it.
+  __device__ __forceinline__ void add_relaxed(int64_t* word, int64_t value) const {
+    if (thread() == 0) atomic_add(word, value);
+  }
+
   // Release this block's writes and count it in; every thread gets the count
   // before the arrival. Every thread fences its own writes (several threads
   // write chunk candidates), __syncthreads orders them before thread 0's
   // fence and atomic (the release); the fence after the atomic is the
   // acquire, so the last block's later reads see what earlier blocks
   // released (CUDA's threadFenceReduction pattern).
-  __device__ __forceinline__ int32_t arrive(int32_t* counter) const {
+  template <class Word>
+  __device__ __forceinline__ int32_t arrive(Word* counter) const {
     __threadfence();
     __syncthreads();
     if (thread() == 0) {
       __threadfence();
-      const int32_t before = atomicAdd(counter, 1);
+      const Word before = atomic_add(counter, Word{1});
       __threadfence();
-      shared->broadcast = before;
+      shared->broadcast = static_cast<int32_t>(before);
     }
     __syncthreads();
     return shared->broadcast;
@@ -202,14 +240,13 @@ struct DeviceBlock {
 
   // Thread 0 spins on an acquire load (bounded); the barrier passes the
   // acquired view on to the block.
-  __device__ __forceinline__ bool wait_at_least(const int32_t* counter, int32_t count, int32_t* error) const {
+  template <class Word>
+  __device__ __forceinline__ bool wait_at_least(const Word* counter, Word count, int32_t* error) const {
     __syncthreads();  // the previous use of `broadcast` is over
     if (thread() == 0) {
       int32_t reached = 0;
       for (int64_t spin = 0; spin < kMaxSpins; ++spin) {
-        int32_t seen;
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-        if (seen >= count) {
+        if (load_acquire(counter) >= count) {
           reached = 1;
           break;
         }

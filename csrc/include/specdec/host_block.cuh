@@ -172,8 +172,17 @@ struct SimtHostBlock {
     });
   }
 
-  SPECDEC_HOST_DEVICE int32_t arrive(int32_t* counter) const {
-    return by_thread_zero([&] { return (*counter)++; });
+  SPECDEC_HOST_DEVICE int64_t take(int64_t* counter) const {
+    return by_thread_zero([&] { return static_cast<int32_t>((*counter)++); });
+  }
+
+  SPECDEC_HOST_DEVICE void add_relaxed(int64_t* word, int64_t value) const {
+    if (tid == 0) *word += value;
+  }
+
+  template <class Word>
+  SPECDEC_HOST_DEVICE int32_t arrive(Word* counter) const {
+    return by_thread_zero([&] { return static_cast<int32_t>((*counter)++); });
   }
 
   SPECDEC_HOST_DEVICE void reset(int32_t* counter) const {
@@ -183,7 +192,8 @@ struct SimtHostBlock {
   // Blocks run one after another in ticket order, so every block waited on
   // has finished; a short count is a broken invariant and is reported
   // through the error flag, never waited for.
-  SPECDEC_HOST_DEVICE bool wait_at_least(const int32_t* counter, int32_t count, int32_t* error) const {
+  template <class Word>
+  SPECDEC_HOST_DEVICE bool wait_at_least(const Word* counter, Word count, int32_t* error) const {
     return by_thread_zero([&] {
       const bool reached = *counter >= count;
       if (!reached) *error |= 1;

@@ -6,8 +6,8 @@
 //
 // Design
 // ------
-// Grid: one block of 256 threads per request, which walks its tree from the
-// root. The children of the current node c are the nodes i with
+// Grid: one block of 256 threads per request (num_splits with the split
+// plan, below), which walks its tree from the root. The children of the current node c are the nodes i with
 // parents[i] == c, c < i < n (n = num_nodes clamped to [1, N]) and a token
 // in [0, V), tried in increasing index: the next one after the last tried is
 // a block-wide min over tiles of 256 nodes, so a search reads each parent
@@ -61,14 +61,52 @@
 // gathered online by the block the first time the node needs them), so
 // tokens may differ from the reference's near a tie; probabilities are exact.
 //
+// Small batches (split plan, kSplit; the Triton kernel's design,
+// kernels/tree_verify.py and kernels/tree_verify_stages.py). The launcher
+// gives each request num_splits blocks (vocabulary_splits: about one block
+// per SM in all; on the host the interpreter's constants). Every block walks
+// the whole tree: the acceptance tests are gathers, and the logits
+// statistics, greedy argmaxes and truncation thresholds are recomputed by
+// each with the same code (the same bits). Each vocabulary pass, a
+// rejection's totals or the final sample's chunks, is a *stage* shared
+// through the request's stage record (tree_verify_stages.cuh): a block
+// takes slices of whole 1024 chunks from the record's counter until none is
+// left, adds each slice's integer totals atomically (or stores its chunks' results in the request's
+// chunk slots) and publishes it (release), then waits (bounded acquire spin)
+// until every slice is published. A slice is taken only by a running block,
+// so no wait is on a block that has not started (the host runs a request's
+// blocks one after another, the writer last: the first to run takes every
+// slice, and the writer reads only what another block published). For the
+// sample only block 0, the writer, waits and chooses; only it stores
+// outputs. A block may start long after the others have moved on, so nothing
+// it reads may have been overwritten: no workspace row is written; the
+// current rows are the node's input rows with every rejection at the node
+// replayed in order from its record (token, residual flag and the float32
+// reciprocals, written alike by every block from the same totals), the map
+// apply_pending applies, so the same bits. k rejections at a node cost k
+// passes of O(k) arithmetic per entry. Each block counts itself out at the
+// end; the last zeroes the records it used and the counter, so the records
+// are zero between calls (zero-initialised once by the launcher's buffers).
+//
+// Ordering (split plan). Writes a block publishes (the totals' atomics,
+// the chunk results of any thread) are fenced by every thread, then a
+// barrier, then thread 0's fence and counter increment (block.cuh, arrive);
+// the waiting thread 0 spins on an acquire load, fences, and a barrier hands
+// the view to the block; shared words are read from L2 (ld.cg). A wait that
+// hits its bound counts into the error word (word 0 of the stage records)
+// and goes on; the host path reports it as an error.
+//
 // Workspace, int64 words per request, contents need not be initialised:
 //   3 * ceil(V / 1024) rounded up to even: per chunk the total and the
 //     candidate of the final sample (ChunkSlots);
 //   then two float32 rows of round_up(V, 4) entries: the base p, then the
 //     base q (written without replacement with a draft only); they hold
-//     the current node's rows only after a second rejection there. Rows
-//     start 16-byte aligned (vector loads).
-// Nothing else: no counters, no [B, N, V] scratch, nothing to clear.
+//     the current node's rows only after a second rejection there (never
+//     in the split plan). Rows start 16-byte aligned (vector loads).
+// Split plan only, the stage records (`stages`, zero between calls): a
+// 16-word header (word 0: the count of waits that gave up), then per
+// request N + 1 records of 16 words (kStageWords; at most N - 1 rejections
+// and the sample, then the end counter). No [B, N, V] scratch.
 //
 // Values never cause an out-of-bounds access: parents are compared, never
 // followed; tokens outside [0, V) are never gathered; num_nodes is clamped.
@@ -91,6 +129,7 @@
 #include "specdec/index.cuh"
 #include "specdec/rng.cuh"
 #include "specdec/sampling.cuh"
+#include "specdec/tree_verify_stages.cuh"
 #include "specdec/truncation.cuh"
 
 namespace specdec {
@@ -123,6 +162,8 @@ struct TreeVerifyArgs {
   int64_t output_stride_b = 0;
   int32_t* num_accepted = nullptr;  // [B]
   int64_t* workspace = nullptr;     // tree_verify_workspace_words(B, V)
+  int64_t* stages = nullptr;        // split plan: tree_verify_stage_words(B, N), zero between calls
+  int32_t num_splits = 1;           // blocks per request (1: one block walks a whole request)
   int64_t batch_size = 0;
   int32_t max_nodes = 0;   // N, 1 <= N < 2**24 (the RNG position word)
   int32_t vocab_size = 0;  // 1 <= V <= 2**30
@@ -146,8 +187,9 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_workspace_words(int6
 // Launchers (csrc/tree_verify.cu). Neither synchronises.
 // One launch on `stream`; returns the launch status (cudaGetLastError).
 cudaError_t launch_tree_verify(const TreeVerifyArgs& args, cudaStream_t stream);
-// The same block program on the host (host pointers), requests one after another.
-void tree_verify_host(const TreeVerifyArgs& args);
+// The same block program on the host (host pointers), blocks one after
+// another; nullptr, or what went wrong (a bounded wait gave up).
+const char* tree_verify_host(const TreeVerifyArgs& args);
 
 namespace tree_verify_detail {
 
@@ -223,19 +265,11 @@ struct Row {
   }
 };
 
-// The last rejection at the current node, not yet applied to its base rows:
-// the current rows are the base rows with it applied where they are read.
-struct Pending {
-  int64_t token;            // the rejected token; -1: none
-  bool residual;            // max(0, p - q) had mass (else p is renormalised as it is)
-  float target_reciprocal;  // of the total of p's new weights
-  float draft_reciprocal;   // of the total of q's weights without `token` (without replacement)
-};
-
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending no_pending() { return {-1, false, 1.0f, 1.0f}; }
-
-// Everything one request needs besides the tree.
-template <class Prob>
+// Everything one request needs besides the tree. kSplit: the split plan,
+// where the current rows are the input rows with the rejections at the
+// current node (stage records [replay_first, replay_end)) replayed in order
+// instead of a base row and one pending rejection.
+template <class Prob, bool kSplit = false>
 struct Walk {
   Row<Prob> target;  // base p
   Row<Prob> draft;   // base q; not read without a draft (the candidate is one-hot)
@@ -245,6 +279,12 @@ struct Walk {
   bool logits;
   float temperature;
   int64_t vocab_size;
+  const int64_t* records;  // kSplit: the request's stage records
+  int64_t replay_first, replay_end;
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool rejected() const {
+    return kSplit ? replay_end > replay_first : pending.token >= 0;
+  }
 
   // The current p and q at `index` from the base ones (q: anything without a
   // draft): p = float32(W * r_p) with W the fixed-point weight of max(0, p -
@@ -252,22 +292,46 @@ struct Walk {
   // float32(W' * r_q) with W' the weight of q, 0 at the token. These are the
   // rows _sampling.normalise gives the reference, made where they are read.
   // Past the vocabulary 0 stays 0. Only while a rejection is pending.
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void apply_pending(int64_t index, float& p, float& q) const {
-    const float tried = has_draft ? q : (index == pending.token ? 1.0f : 0.0f);
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void apply(const Pending& rejection, int64_t index, float& p,
+                                                     float& q) const {
+    const float tried = has_draft ? q : (index == rejection.token ? 1.0f : 0.0f);
     // fixed_point_weight maps p - q <= 0 (and NaN) to 0: max(0, p - q).
-    p = normalised_weight(fixed_point_weight(pending.residual ? fsub_rn(p, tried) : p), pending.target_reciprocal);
+    p = normalised_weight(fixed_point_weight(rejection.residual ? fsub_rn(p, tried) : p),
+                          rejection.target_reciprocal);
     if (remove_drawn) {
-      q = normalised_weight(index == pending.token ? 0 : fixed_point_weight(q), pending.draft_reciprocal);
+      q = normalised_weight(index == rejection.token ? 0 : fixed_point_weight(q), rejection.draft_reciprocal);
+    }
+  }
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void apply_pending(int64_t index, float& p, float& q) const {
+    apply(pending, index, p, q);
+  }
+
+  // The rejections at the current node applied to [first, first + kCount)
+  // of the input rows: the pending one, or (kSplit) each recorded one in
+  // order, the same float32 map, so the same bits.
+  template <int kCount>
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void apply_rejections(int64_t first, float (&p)[kCount],
+                                                                float (&q)[kCount]) const {
+    if (kSplit) {
+      for (int64_t stage = replay_first; stage < replay_end; ++stage) {
+        const Pending rejection = recorded_rejection(records + stage * kStageWords);
+        SPECDEC_UNROLL
+        for (int j = 0; j < kCount; ++j) apply(rejection, first + j, p[j], q[j]);
+      }
+    } else if (pending.token >= 0) {
+      SPECDEC_UNROLL
+      for (int j = 0; j < kCount; ++j) apply_pending(first + j, p[j], q[j]);
     }
   }
 
   // The current p and q at `index` (one entry, the acceptance test's
   // gathers): q one-hot on `drawn` without a draft.
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void at(int64_t index, int64_t drawn, float& p, float& q) const {
-    p = target.at(index, logits, temperature);
-    q = has_draft ? draft.at(index, logits, temperature) : 0.0f;
-    if (pending.token >= 0) apply_pending(index, p, q);
-    if (!has_draft) q = index == drawn ? 1.0f : 0.0f;
+    float one_p[1] = {target.at(index, logits, temperature)};
+    float one_q[1] = {has_draft ? draft.at(index, logits, temperature) : 0.0f};
+    apply_rejections(index, one_p, one_q);
+    p = one_p[0];
+    q = has_draft ? one_q[0] : (index == drawn ? 1.0f : 0.0f);
   }
 
   // The current p and q at [first, first + kCount): q one-hot on `drawn`
@@ -282,10 +346,7 @@ struct Walk {
       SPECDEC_UNROLL
       for (int j = 0; j < kCount; ++j) q[j] = 0.0f;
     }
-    if (pending.token >= 0) {
-      SPECDEC_UNROLL
-      for (int j = 0; j < kCount; ++j) apply_pending(first + j, p[j], q[j]);
-    }
+    apply_rejections(first, p, q);
     if (has_draft) return;
     SPECDEC_UNROLL
     for (int j = 0; j < kCount; ++j) q[j] = first + j == drawn ? 1.0f : 0.0f;
@@ -296,9 +357,9 @@ struct Walk {
 // kWays == 1): the base rows loaded a chunk ahead, the pending rejection
 // applied when weighed: the weights of the row _sampling.normalise gives the
 // reference, so the token's bits are the reference's.
-template <class Prob>
+template <class Prob, bool kSplit>
 struct CurrentTargetRow {
-  Walk<Prob> walk;
+  Walk<Prob, kSplit> walk;
   uint32_t position;  // the final node
 
   template <int kWays, int kPerThread>
@@ -306,57 +367,58 @@ struct CurrentTargetRow {
                                                     float (&q)[kPerThread]) const {
     static_assert(kWays == 1, "the tree samples its current p alone");
     walk.target.span(first, vocab_size, walk.logits, walk.temperature, p);
-    if (walk.pending.token >= 0 && walk.has_draft) walk.draft.span(first, vocab_size, walk.logits, walk.temperature, q);
+    if (walk.rejected() && walk.has_draft) walk.draft.span(first, vocab_size, walk.logits, walk.temperature, q);
   }
 
   template <int kWays, int kPerThread>
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t, const float (&p)[kPerThread],
                                                      const float (&q)[kPerThread],
                                                      uint64_t (&weights)[kWays][kPerThread]) const {
-    SPECDEC_UNROLL
-    for (int j = 0; j < kPerThread; ++j) {
-      float target_prob = p[j];
-      float draft_prob = q[j];
-      if (walk.pending.token >= 0) walk.apply_pending(first + j, target_prob, draft_prob);
-      weights[0][j] = fixed_point_weight(target_prob);
+    if constexpr (kSplit) {
+      float target_probs[kPerThread], draft_probs[kPerThread];
+      SPECDEC_UNROLL
+      for (int j = 0; j < kPerThread; ++j) {
+        target_probs[j] = p[j];
+        draft_probs[j] = q[j];
+      }
+      walk.apply_rejections(first, target_probs, draft_probs);
+      SPECDEC_UNROLL
+      for (int j = 0; j < kPerThread; ++j) weights[0][j] = fixed_point_weight(target_probs[j]);
+    } else {
+      SPECDEC_UNROLL
+      for (int j = 0; j < kPerThread; ++j) {
+        float target_prob = p[j];
+        float draft_prob = q[j];
+        if (walk.pending.token >= 0) walk.apply_pending(first + j, target_prob, draft_prob);
+        weights[0][j] = fixed_point_weight(target_prob);
+      }
     }
   }
 };
 
-struct RejectionTotals {
-  SplitTotal residual, target;
-};
-
-struct AddRejectionTotals {
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RejectionTotals operator()(RejectionTotals a, RejectionTotals b) const {
-    return {AddSplitTotals()(a.residual, b.residual), AddSplitTotals()(a.target, b.target)};
-  }
-};
-
-// The rejection of token `drawn`, in one pass over the current rows: the
-// exact totals of the fixed-point weights of max(0, p - q), of p and,
-// without replacement, of q without `drawn`, which make it the pending
-// rejection. Were a rejection pending already (a second one at this node),
-// the pass also writes the current rows into the workspace, which become
-// the base rows. Entries past the vocabulary load as 0 and weigh 0.
-template <class Block, class Prob>
-SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t drawn) {
-  const bool writing = walk.pending.token >= 0;
-  // Every thread's gathers of this try read the base rows, maybe the very
-  // entries (of the workspace) this pass overwrites.
-  if (writing) block.sync();
+// One pass over entries [lo, hi) of the current rows (lo a multiple of
+// kSpan; hi the vocabulary size or a multiple of a chunk) for the rejection
+// of token `drawn`: the exact totals of the fixed-point weights of
+// max(0, p - q), of p and, without replacement, of q without `drawn`,
+// block-reduced. `writing` also stores the current rows into the
+// workspace (never in the split plan). Entries past the vocabulary load as
+// 0 and weigh 0.
+template <class Block, class Prob, bool kSplit>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE PassTotals rejection_pass(const Block& block,
+                                                                  const Walk<Prob, kSplit>& walk, int64_t drawn,
+                                                                  int64_t lo, int64_t hi, bool writing) {
   const int64_t step = kSpan * static_cast<int64_t>(block.num_threads());
-  const int64_t start = kSpan * static_cast<int64_t>(block.thread());
+  const int64_t start = lo + kSpan * static_cast<int64_t>(block.thread());
   RejectionTotals totals = {{0, 0}, {0, 0}};
   SplitTotal draft_total = {0, 0};
-  for (int64_t first = start; first < walk.vocab_size; first += step) {
+  for (int64_t first = start; first < hi; first += step) {
     float p[kSpan], q[kSpan];
     walk.spans(first, drawn, p, q);
     SPECDEC_UNROLL
     for (int j = 0; j < kSpan; ++j) {
       const int64_t index = first + j;
       // Each thread reads its entries before it overwrites them, and no
-      // other thread reads them until the barrier below.
+      // other thread reads them until the barrier after the pass.
       if (writing && index < walk.vocab_size) {
         walk.target.normalised[index] = p[j];
         if (walk.remove_drawn) walk.draft.normalised[index] = q[j];
@@ -368,14 +430,46 @@ SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t dr
   }
   totals = block.block_all_reduce(totals, AddRejectionTotals());
   if (walk.remove_drawn) draft_total = block.block_all_reduce(draft_total, AddSplitTotals());
+  return {totals, draft_total};
+}
+
+// The rejection of token `drawn`, in one pass over the current rows
+// (rejection_pass), which makes it the pending rejection. Were a rejection
+// pending already (a second one at this node), the pass also writes the
+// current rows into the workspace, which become the base rows.
+template <class Block, class Prob>
+SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t drawn) {
+  const bool writing = walk.pending.token >= 0;
+  // Every thread's gathers of this try read the base rows, maybe the very
+  // entries (of the workspace) this pass overwrites.
+  if (writing) block.sync();
+  const PassTotals pass = rejection_pass(block, walk, drawn, 0, walk.vocab_size, writing);
   if (writing) {
     block.sync();  // the next read (a gather, a pass, the sample) may read any entry
     walk.target.input = nullptr;
     if (walk.remove_drawn) walk.draft.input = nullptr;
   }
-  const bool use_residual = has_mass(totals.residual);
-  walk.pending = {drawn, use_residual, total_reciprocal(use_residual ? totals.residual : totals.target),
-                  total_reciprocal(draft_total)};
+  walk.pending = rejection_of(drawn, pass);
+}
+
+// Split plan: the rejection of `drawn` as one stage. The block takes slices
+// of the pass from the stage's counter until none is left, adds each
+// slice's totals and publishes it, then waits for every slice (each taken by
+// a running block) and records the rejection, which every block derives
+// from the same totals. The walk replays it from then on.
+template <class Block, class Prob>
+SPECDEC_HOST_DEVICE void reject_split(const Block& block, Walk<Prob, true>& walk, int64_t drawn, SplitPlan& plan) {
+  int64_t* record = plan.records + plan.stage * kStageWords;
+  const int64_t slice_entries = plan.chunks_per_split * kChunkSize;
+  for (int64_t slice = take_slice(block, record); slice < plan.splits; slice = take_slice(block, record)) {
+    const int64_t lo = slice * slice_entries;
+    const int64_t hi = lo + slice_entries < walk.vocab_size ? lo + slice_entries : walk.vocab_size;
+    publish_totals(block, record, rejection_pass(block, walk, drawn, lo, hi, false));
+  }
+  wait_for_stage(block, plan, record);
+  record_rejection(block, record, rejection_of(drawn, stage_totals(block, record)));
+  ++plan.stage;
+  walk.replay_end = plan.stage;
 }
 
 template <class Block, class Prob>
@@ -389,16 +483,40 @@ template <class Block, class Prob>
 SPECDEC_HOST_DEVICE int64_t sample_target(const Block& block, const Walk<Prob>& walk, const RequestKey& key,
                                           uint32_t position, const ChunkSlots& slots) {
   const int64_t num_chunks = (walk.vocab_size + kChunkSize - 1) / kChunkSize;
-  const CurrentTargetRow<Prob> row = {walk, position};
+  const CurrentTargetRow<Prob, false> row = {walk, position};
   sample_slice<1>(block, row, key, walk.vocab_size, 0, num_chunks, slots);
+  return finish_sampled(block, slots, num_chunks, false, key, position);
+}
+
+// Split plan: the sample as one stage. The block samples the chunks of the
+// slices it takes into the request's chunk slots and publishes each; only
+// the writer (the request's block 0) waits for every slice and chooses the
+// chunk. Returns -1 in the other blocks.
+template <class Block, class Prob>
+SPECDEC_HOST_DEVICE int64_t sample_target_split(const Block& block, const Walk<Prob, true>& walk,
+                                                const RequestKey& key, uint32_t position, const ChunkSlots& slots,
+                                                SplitPlan& plan, bool writer) {
+  const int64_t num_chunks = (walk.vocab_size + kChunkSize - 1) / kChunkSize;
+  const CurrentTargetRow<Prob, true> row = {walk, position};
+  int64_t* record = plan.records + plan.stage * kStageWords;
+  ++plan.stage;
+  for (int64_t slice = take_slice(block, record); slice < plan.splits; slice = take_slice(block, record)) {
+    const int64_t lo = slice * plan.chunks_per_split;
+    const int64_t hi = lo + plan.chunks_per_split < num_chunks ? lo + plan.chunks_per_split : num_chunks;
+    sample_slice<1>(block, row, key, walk.vocab_size, lo, hi, slots);
+    publish_slice(block, record);  // releases the slice's chunk results
+  }
+  if (!writer) return -1;
+  wait_for_stage(block, plan, record);
   return finish_sampled(block, slots, num_chunks, false, key, position);
 }
 
 // The truncation of the current node's input target row (its statistics
 // ready, for logits), every thread gets it.
-template <class Block, class Prob>
+template <class Block, class Prob, bool kSplit>
 SPECDEC_HOST_DEVICE Truncation target_truncation(const Block& block, TruncationHistogram* histogram,
-                                                 const TreeVerifyArgs& args, int64_t b, const Walk<Prob>& walk) {
+                                                 const TreeVerifyArgs& args, int64_t b,
+                                                 const Walk<Prob, kSplit>& walk) {
   Row<Prob> row = walk.target;
   row.truncation = no_truncation();  // the search reads the row as given
   const TruncationParameters parameters =
@@ -410,9 +528,10 @@ SPECDEC_HOST_DEVICE Truncation target_truncation(const Block& block, TruncationH
 }
 
 // One block: request `b`'s walk and outputs. `histogram` is the block's
-// shared memory for the truncation search.
-template <class Block, class Prob, class Token>
-SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyArgs& args, int64_t b,
+// shared memory for the truncation search. kSplit: the split plan, block
+// `rank` of the request's args.num_splits (rank 0 stores the outputs).
+template <class Block, class Prob, class Token, bool kSplit>
+SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyArgs& args, int64_t b, int64_t rank,
                                            TruncationHistogram* histogram) {
   const int64_t max_nodes = args.max_nodes;
   const int64_t vocab_size = args.vocab_size;
@@ -434,7 +553,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   const ChunkSlots slots = {request_words};
   float* residual_row = reinterpret_cast<float*>(request_words + tree_verify_slot_words(vocab_size));
 
-  Walk<Prob> walk;
+  Walk<Prob, kSplit> walk;
   walk.target = {target, residual_row, empty_stats(), no_truncation()};
   walk.draft = {draft, residual_row + tree_verify_row_floats(vocab_size), empty_stats(), no_truncation()};
   walk.pending = no_pending();
@@ -443,6 +562,18 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   walk.logits = args.logits;
   walk.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
   walk.vocab_size = vocab_size;
+  SplitPlan plan = {nullptr, nullptr, 1, 0, 0};
+  if (kSplit) {
+    plan.records = args.stages + kStageWords * (1 + b * (max_nodes + 1));
+    plan.error = reinterpret_cast<int32_t*>(args.stages);
+    plan.splits = args.num_splits;
+    const int64_t num_chunks = (vocab_size + kChunkSize - 1) / kChunkSize;
+    plan.chunks_per_split = (num_chunks + plan.splits - 1) / plan.splits;
+  }
+  walk.records = plan.records;
+  walk.replay_first = 0;
+  walk.replay_end = 0;
+  const bool writer = !kSplit || rank == 0;  // the one block that stores the request's outputs
   const RequestKey key = load_request_key(args.rng, b);
   // Greedy requests ignore the parameters (the argmax is always kept).
   const bool truncating =
@@ -450,7 +581,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
 
   int32_t* accepted_row = args.accepted_nodes + b * args.accepted_stride_b;
   int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
-  if (block.thread() == 0) accepted_row[0] = 0;
+  if (writer && block.thread() == 0) accepted_row[0] = 0;
 
   int64_t current = 0;
   int64_t depth = 0;
@@ -483,12 +614,18 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
       walk.at(token, token, target_prob, draft_prob);
       const float uniform = uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(child), 0u).w0);
       accepted = accept(uniform, draft_prob, target_prob);
-      if (!accepted) reject(block, walk, token);
+      if (!accepted) {
+        if constexpr (kSplit) {
+          reject_split(block, walk, token, plan);
+        } else {
+          reject(block, walk, token);
+        }
+      }
     }
     rejected_here = !accepted;
     if (!accepted) continue;
     ++depth;
-    if (block.thread() == 0) {
+    if (writer && block.thread() == 0) {
       accepted_row[depth] = static_cast<int32_t>(child);
       output_row[depth - 1] = static_cast<int32_t>(token);
     }
@@ -496,6 +633,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
     walk.target.input = target + child * args.target_stride_n;
     walk.draft.input = draft == nullptr ? nullptr : draft + child * args.draft_stride_n;
     walk.pending = no_pending();
+    walk.replay_first = plan.stage;  // the rejections so far were at other nodes
     choice = -2;
     stats_ready = false;
     walk.target.truncation = no_truncation();
@@ -514,27 +652,36 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
                                       walk.temperature).target;
     }
     if (truncating && !truncation_ready) walk.target.truncation = target_truncation(block, histogram, args, b, walk);
-    emitted = sample_target(block, walk, key, static_cast<uint32_t>(current), slots);
+    if constexpr (kSplit) {
+      emitted = sample_target_split(block, walk, key, static_cast<uint32_t>(current), slots, plan, writer);
+    } else {
+      emitted = sample_target(block, walk, key, static_cast<uint32_t>(current), slots);
+    }
   }
-  if (block.thread() == 0) {
-    output_row[depth] = static_cast<int32_t>(emitted);
-    args.num_accepted[b] = static_cast<int32_t>(depth);
+  if (writer) {
+    if (block.thread() == 0) {
+      output_row[depth] = static_cast<int32_t>(emitted);
+      args.num_accepted[b] = static_cast<int32_t>(depth);
+    }
+    for (int64_t slot = depth + 1 + block.thread(); slot < max_nodes; slot += block.num_threads()) {
+      accepted_row[slot] = -1;
+      output_row[slot] = -1;
+    }
   }
-  for (int64_t slot = depth + 1 + block.thread(); slot < max_nodes; slot += block.num_threads()) {
-    accepted_row[slot] = -1;
-    output_row[slot] = -1;
-  }
+  if (kSplit) end_request(block, plan, max_nodes);
 }
 
 #if defined(__CUDACC__)
 // Two resident blocks per SM (a 128-register cap): one block per request, so
 // large batches keep every SM busy.
-template <class Prob, class Token>
+template <class Prob, class Token, bool kSplit>
 __global__ void __launch_bounds__(DeviceBlock::kThreads, 2) tree_verify_kernel(const TreeVerifyArgs args) {
   __shared__ DeviceBlock::Shared shared;
   __shared__ TruncationHistogram histogram;
   const DeviceBlock block = {&shared};
-  tree_verify_block<DeviceBlock, Prob, Token>(block, args, static_cast<int64_t>(blockIdx.x), &histogram);
+  const int64_t index = static_cast<int64_t>(blockIdx.x);
+  const int64_t splits = kSplit ? args.num_splits : 1;
+  tree_verify_block<DeviceBlock, Prob, Token, kSplit>(block, args, index / splits, index % splits, &histogram);
 }
 #endif  // __CUDACC__
 

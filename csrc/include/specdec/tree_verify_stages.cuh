@@ -1,0 +1,175 @@
+// The stage records through which the blocks of one request share its
+// vocabulary passes in tree_verify's split plan (tree_verify.cuh, "Small
+// batches"): the layout and protocol of kernels/tree_verify_stages.py.
+//
+// A stage is one pass over a request's vocabulary: a rejection's totals, or
+// the final sample's chunk results. Its record, kStageWords int64 words:
+//   0     slices taken (a counter, past `splits` once all are taken)
+//   1     slices published (`splits` once the totals are complete)
+//   2-7   the rejection totals, split at bit 31: residual, p, q without the
+//         rejected token (integer sums: the order of the adds is free)
+//   8-11  the rejection as applied: token, residual-had-mass flag, float32
+//         bits of the p and q reciprocals, written alike by every block
+//         from the same totals.
+// The records hold rejections as the walk applies them (Pending) and the
+// totals a pass makes (PassTotals), so those types live here too.
+//
+// This header includes no torch header.
+#pragma once
+
+#include <cstdint>
+
+#include "specdec/block.cuh"
+#include "specdec/common.cuh"
+#include "specdec/sampling.cuh"
+
+namespace specdec {
+
+// Split plan: the stage records (kernels/tree_verify_stages.py's layout),
+// kStageWords int64 words each, after a header line whose word 0 counts the
+// waits that gave up; request b's N + 1 records start at
+// kStageWords * (1 + b * (N + 1)).
+constexpr int64_t kStageWords = 16;  // one 128-byte line
+constexpr int64_t kTakenWord = 0;       // slices taken (past `splits` once all are)
+constexpr int64_t kPublishedWord = 1;   // slices published
+constexpr int64_t kTotalsWord = 2;      // six words: residual, p, q without the token; high31 then low31
+constexpr int64_t kTokenWord = 8;       // the rejection as applied: token,
+constexpr int64_t kResidualWord = 9;    // residual-had-mass flag,
+constexpr int64_t kTargetReciprocalWord = 10;  // float32 bits of the p reciprocal,
+constexpr int64_t kDraftReciprocalWord = 11;   // and of the q reciprocal
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_stage_words(int64_t split_requests, int64_t max_nodes) {
+  return kStageWords * (1 + split_requests * (max_nodes + 1));
+}
+
+namespace tree_verify_detail {
+
+// The last rejection at the current node, not yet applied to its base rows:
+// the current rows are the base rows with it applied where they are read.
+struct Pending {
+  int64_t token;            // the rejected token; -1: none
+  bool residual;            // max(0, p - q) had mass (else p is renormalised as it is)
+  float target_reciprocal;  // of the total of p's new weights
+  float draft_reciprocal;   // of the total of q's weights without `token` (without replacement)
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending no_pending() { return {-1, false, 1.0f, 1.0f}; }
+
+// A word of a stage record another block (or this one's thread 0) wrote:
+// from L2, never a stale L1 line.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t record_word(const int64_t* record, int64_t word) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(record + word)));
+#else
+  return record[word];
+#endif
+}
+
+// Split plan: a rejection as its stage record holds it.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending recorded_rejection(const int64_t* record) {
+  return {record_word(record, kTokenWord), record_word(record, kResidualWord) != 0,
+          bits_as_float(static_cast<uint32_t>(record_word(record, kTargetReciprocalWord))),
+          bits_as_float(static_cast<uint32_t>(record_word(record, kDraftReciprocalWord)))};
+}
+
+struct RejectionTotals {
+  SplitTotal residual, target;
+};
+
+struct AddRejectionTotals {
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RejectionTotals operator()(RejectionTotals a, RejectionTotals b) const {
+    return {AddSplitTotals()(a.residual, b.residual), AddSplitTotals()(a.target, b.target)};
+  }
+};
+
+struct PassTotals {
+  RejectionTotals totals;
+  SplitTotal draft;  // q without the rejected token (without replacement)
+};
+
+// The rejection of `drawn` made from its totals, as the walk applies it.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending rejection_of(int64_t drawn, const PassTotals& pass) {
+  const bool use_residual = has_mass(pass.totals.residual);
+  return {drawn, use_residual, total_reciprocal(use_residual ? pass.totals.residual : pass.totals.target),
+          total_reciprocal(pass.draft)};
+}
+
+// Split plan: a request's blocks and their place in its stage records.
+struct SplitPlan {
+  int64_t* records;    // the request's N + 1 records; record N counts the blocks out
+  int32_t* error;      // counts the waits that gave up
+  int64_t splits;      // blocks per request = slices per stage
+  int64_t chunks_per_split;
+  int64_t stage;       // the next stage
+};
+
+// The next untaken slice of the stage at `record` (>= splits once all are
+// taken); every thread gets it.
+template <class Block>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t take_slice(const Block& block, int64_t* record) {
+  return block.take(record + kTakenWord);
+}
+
+// Releases a slice of the final sample (its chunk results are stored).
+template <class Block>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void publish_slice(const Block& block, int64_t* record) {
+  block.arrive(record + kPublishedWord);
+}
+
+// Adds a slice's totals (every thread has them) into the stage and releases it.
+template <class Block>
+SPECDEC_HOST_DEVICE void publish_totals(const Block& block, int64_t* record, const PassTotals& pass) {
+  const uint64_t words[6] = {pass.totals.residual.high31, pass.totals.residual.low31, pass.totals.target.high31,
+                             pass.totals.target.low31,    pass.draft.high31,          pass.draft.low31};
+  SPECDEC_UNROLL
+  for (int word = 0; word < 6; ++word) {
+    block.add_relaxed(record + kTotalsWord + word, static_cast<int64_t>(words[word]));
+  }
+  publish_slice(block, record);  // releases the adds
+}
+
+// Waits until every slice of the stage is published (all were taken by
+// running blocks); a wait that gives up counts into plan.error.
+template <class Block>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void wait_for_stage(const Block& block, const SplitPlan& plan,
+                                                            const int64_t* record) {
+  block.wait_at_least(record + kPublishedWord, plan.splits, plan.error);
+}
+
+// The complete totals of a published rejection stage (read from L2).
+template <class Block>
+SPECDEC_HOST_DEVICE PassTotals stage_totals(const Block& block, const int64_t* record) {
+  uint64_t words[6];
+  SPECDEC_UNROLL
+  for (int word = 0; word < 6; ++word) {
+    words[word] = static_cast<uint64_t>(block.load_published(record + kTotalsWord + word));
+  }
+  return {{{words[0], words[1]}, {words[2], words[3]}}, {words[4], words[5]}};
+}
+
+// Stores the rejection as the replay applies it (every block stores the same
+// values), visible to the block's threads, which read it from L2.
+template <class Block>
+SPECDEC_HOST_DEVICE void record_rejection(const Block& block, int64_t* record, const Pending& rejection) {
+  if (block.thread() == 0) {
+    record[kTokenWord] = rejection.token;
+    record[kResidualWord] = rejection.residual ? 1 : 0;
+    record[kTargetReciprocalWord] = static_cast<int64_t>(float_as_bits(rejection.target_reciprocal));
+    record[kDraftReciprocalWord] = static_cast<int64_t>(float_as_bits(rejection.draft_reciprocal));
+  }
+  block.sync();
+}
+
+// Split plan: counts the block out; the request's last block puts the
+// records of the stages used and the counter back to zero.
+template <class Block>
+SPECDEC_HOST_DEVICE void end_request(const Block& block, const SplitPlan& plan, int64_t max_nodes) {
+  int64_t* counter = plan.records + max_nodes * kStageWords;
+  if (block.arrive(counter) != plan.splits - 1) return;  // after every read of the records
+  for (int64_t word = block.thread(); word < plan.stage * kStageWords; word += block.num_threads()) {
+    plan.records[word] = 0;
+  }
+  if (block.thread() == 0) *counter = 0;
+}
+
+}  // namespace tree_verify_detail
+}  // namespace specdec
