@@ -102,14 +102,14 @@ def test_split_plan_matches_the_reference(draft_mode, batch_size, vocab_size, bu
 
 
 @pytest.mark.parametrize("draft_mode", DRAFT_MODES)
-@pytest.mark.parametrize("children", [1, 2, 5])
+@pytest.mark.parametrize("children", [2, 5])
 def test_many_rejections_at_one_node(draft_mode, children, device, monkeypatch):
     """Every child of the root rejected: ``children`` stages replayed one after another, then the sample
     (a replay applied twice, or not at all, changes the residual and so the sampled tokens)."""
     ids, parents, target, draft = star_case(2, children, 3000, seed=children)
     draft = None if draft_mode is None else draft
     sampling = draft_mode or "with_replacement"
-    for seed in range(3):
+    for seed in range(2):
         arguments = dict(draft_sampling=sampling, seed=seed, offset=1)
         expected = sk.tree_verify(ids, parents, target, draft, backend="reference", **arguments)
         split = verify(device, ids, parents, target, draft, **arguments)
@@ -157,9 +157,9 @@ def test_sampling_parameters_in_the_split_plan(parameters, device):
 
 
 def test_a_long_walk_uses_and_clears_many_stages(device):
-    """A root with 20 rejected children (21 stages with the sample): the records of every stage are used and
+    """A root with 12 rejected children (13 stages with the sample): the records of every stage are used and
     left at zero, and a second call with other seeds is not disturbed by the first."""
-    ids, parents, target, draft = star_case(1, 20, 2100, seed=3)
+    ids, parents, target, draft = star_case(1, 12, 2100, seed=3)
     for seed in (5, 6):
         arguments = dict(draft_sampling="without_replacement", seed=seed)
         expected = sk.tree_verify(ids, parents, target, draft, backend="reference", **arguments)
