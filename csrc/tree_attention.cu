@@ -11,13 +11,16 @@
 
 #include "specdec/host_block.cuh"
 #include "specdec/tree_attention.cuh"
+#include "specdec/tree_attention_mma.cuh"
+#include "specdec/warp_mma.cuh"
 
 namespace specdec {
 namespace {
 
 using tree_attention_detail::merge_element;
+using tree_attention_detail::mma_shared_bytes;
+using tree_attention_detail::mma_supports;
 using tree_attention_detail::shared_bytes;
-using tree_attention_detail::TileShape;
 
 // Splits: about two blocks per SM, each split at least this many prefix
 // keys (the Triton launcher's starting points; neither measured yet).
@@ -33,23 +36,35 @@ constexpr int kMaxDevices = 64;
 
 int64_t cdiv(int64_t numerator, int64_t denominator) { return (numerator + denominator - 1) / denominator; }
 
-// SMs of the current device, asked once per device (the split count is
-// chosen on every call).
-int64_t multiprocessor_count() {
-  static std::atomic<int> counts[kMaxDevices] = {};
+// An attribute of the current device, asked once per device (the plan is
+// made on every call); `fallback` when the runtime cannot say.
+template <cudaDeviceAttr kAttribute>
+int64_t device_attribute(int fallback) {
+  static std::atomic<int> values[kMaxDevices] = {};
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return fallback;
   if (device >= kMaxDevices) {
-    int count = 1;
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return count;
+    int value = fallback;
+    cudaDeviceGetAttribute(&value, kAttribute, device);
+    return value;
   }
-  int count = counts[device].load(std::memory_order_relaxed);
-  if (count == 0) {
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count < 1) count = 1;
-    counts[device].store(count, std::memory_order_relaxed);
+  int value = values[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    if (cudaDeviceGetAttribute(&value, kAttribute, device) != cudaSuccess || value < 1) value = fallback;
+    values[device].store(value, std::memory_order_relaxed);
   }
-  return count;
+  return value;
+}
+
+int64_t multiprocessor_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(1); }
+
+// Whether the call runs the tensor-core program (tree_attention_mma.cuh):
+// 16-bit inputs, D = 64 or 128, and on the GPU a device with mma.sync for
+// 16-bit inputs (compute capability 8.0 or later); the rest runs the SIMT
+// program.
+bool uses_mma(const TreeAttentionArgs& args, bool device) {
+  if (args.dtype == AttentionDtype::kFloat32 || (args.head_dim != 64 && args.head_dim != 128)) return false;
+  return !device || device_attribute<cudaDevAttrComputeCapabilityMajor>(0) >= 8;
 }
 
 // Calls body(Value{}, std::integral_constant<int, D>{}) for the args' dtype
@@ -84,8 +99,13 @@ void dispatch_tree_attention(const TreeAttentionArgs& args, Body&& body) {
 
 // Rows of a tile for this head dim (the block type's tile shape).
 template <class Block>
-int64_t tile_rows(int64_t head_dim) {
+int64_t simt_tile_rows(int64_t head_dim) {
   return (Block::kThreads / Block::kWarpSize) * tree_attention_detail::rows_per_warp(static_cast<int>(head_dim));
+}
+
+int64_t tile_rows(const TreeAttentionArgs& args, bool device, bool mma) {
+  if (device) return mma ? DeviceWarpBlock::kWarps * 16 : simt_tile_rows<DeviceBlock>(args.head_dim);
+  return mma ? HostWarpBlock::kWarps * 16 : simt_tile_rows<SimtHostBlock>(args.head_dim);
 }
 
 // Whether every head of `cache` is contiguous and starts on a 16-byte
@@ -98,10 +118,9 @@ bool heads_in_16_bytes(const StridedValues& cache, int64_t element_bytes) {
 
 int64_t element_bytes(AttentionDtype dtype) { return dtype == AttentionDtype::kFloat32 ? 4 : 2; }
 
-template <class Block>
-TreeAttentionArgs plan(const TreeAttentionArgs& args) {
+TreeAttentionArgs plan(const TreeAttentionArgs& args, bool device, bool mma) {
   TreeAttentionArgs planned = args;
-  planned.row_tiles = cdiv(args.max_nodes * (args.num_q_heads / args.num_kv_heads), tile_rows<Block>(args.head_dim));
+  planned.row_tiles = cdiv(args.max_nodes * (args.num_q_heads / args.num_kv_heads), tile_rows(args, device, mma));
   const int64_t bytes = element_bytes(args.dtype);
   planned.cache_loads_16_bytes = heads_in_16_bytes(args.k_cache, bytes) && heads_in_16_bytes(args.v_cache, bytes);
   return planned;
@@ -129,7 +148,7 @@ cudaError_t allow_shared_memory(const void* kernel, int64_t bytes, std::atomic<u
 int64_t tree_attention_num_splits(const TreeAttentionArgs& args, int64_t requested, bool device) {
   if (requested > 0) return requested;
   if (nothing_to_compute(args)) return 1;
-  const int64_t row_tiles = device ? plan<DeviceBlock>(args).row_tiles : plan<SimtHostBlock>(args).row_tiles;
+  const int64_t row_tiles = plan(args, device, uses_mma(args, device)).row_tiles;
   const int64_t blocks = args.batch_size * args.num_kv_heads * row_tiles;
   const int64_t wanted = device ? kBlocksPerMultiprocessor * multiprocessor_count() : kHostBlocks;
   // The table's span bounds every prefix: the count comes from shapes only.
@@ -141,51 +160,90 @@ int64_t tree_attention_num_splits(const TreeAttentionArgs& args, int64_t request
   return splits > 1 ? splits : 1;
 }
 
+namespace {
+
+// Runs `kernel` (a (blocks, splits) grid of `threads` threads and `bytes` of
+// dynamic shared memory), then the merge of the splits.
+template <class Value, class Kernel>
+cudaError_t launch_with_merge(const TreeAttentionArgs& planned, Kernel kernel, int threads, int64_t bytes,
+                              std::atomic<uint64_t>& opted_in_devices, cudaStream_t stream) {
+  cudaError_t status = allow_shared_memory(reinterpret_cast<const void*>(kernel), bytes, opted_in_devices);
+  if (status != cudaSuccess) return status;
+  const int64_t programs = planned.batch_size * planned.num_kv_heads * planned.row_tiles;
+  const dim3 grid(static_cast<unsigned>(programs), static_cast<unsigned>(planned.num_splits));
+  kernel<<<grid, threads, static_cast<size_t>(bytes), stream>>>(planned);
+  status = cudaGetLastError();
+  if (status != cudaSuccess || planned.num_splits == 1) return status;
+  const int64_t elements = planned.batch_size * planned.max_nodes * planned.num_q_heads * planned.head_dim;
+  const int64_t merge_blocks = cdiv(elements, kMergeThreads);
+  tree_attention_detail::tree_attention_merge_kernel<Value>
+      <<<static_cast<unsigned>(merge_blocks < kMaxMergeBlocks ? merge_blocks : kMaxMergeBlocks), kMergeThreads, 0,
+         stream>>>(planned, elements);
+  return cudaGetLastError();
+}
+
+// The merge of the splits' partial states into the output, on the host.
+template <class Value>
+void merge_on_host(const TreeAttentionArgs& planned) {
+  if (planned.num_splits == 1) return;
+  const int64_t elements = planned.batch_size * planned.max_nodes * planned.num_q_heads * planned.head_dim;
+  for (int64_t index = 0; index < elements; ++index) merge_element<Value>(planned, index);
+}
+
+}  // namespace
+
 cudaError_t launch_tree_attention(const TreeAttentionArgs& args, cudaStream_t stream) {
   if (nothing_to_compute(args)) return cudaSuccess;
   if (!tree_attention_supports_head_dim(args.head_dim)) return cudaErrorInvalidValue;
-  const TreeAttentionArgs planned = plan<DeviceBlock>(args);
+  const bool mma = uses_mma(args, true);
+  const TreeAttentionArgs planned = plan(args, true, mma);
   const int64_t programs = planned.batch_size * planned.num_kv_heads * planned.row_tiles;
   if (programs > 0x7FFFFFFF || planned.num_splits > 65535) return cudaErrorInvalidConfiguration;
   cudaError_t status = cudaSuccess;
   dispatch_tree_attention(planned, [&](auto value, auto dim) {
     using Value = decltype(value);
     constexpr int kHeadDim = decltype(dim)::value;
-    const auto kernel = tree_attention_detail::tree_attention_kernel<Value, kHeadDim>;
-    const int64_t bytes = shared_bytes<DeviceBlock, kHeadDim>();
+    if constexpr (mma_supports<Value>(kHeadDim)) {
+      if (mma) {
+        static std::atomic<uint64_t> opted_in_devices{0};
+        status = launch_with_merge<Value>(planned, tree_attention_detail::tree_attention_mma_kernel<Value, kHeadDim>,
+                                          DeviceWarpBlock::kWarps * kMmaWarpSize,
+                                          mma_shared_bytes<DeviceWarpBlock, Value, kHeadDim>(), opted_in_devices,
+                                          stream);
+        return;
+      }
+    }
     static std::atomic<uint64_t> opted_in_devices{0};
-    status = allow_shared_memory(reinterpret_cast<const void*>(kernel), bytes, opted_in_devices);
-    if (status != cudaSuccess) return;
-    const dim3 grid(static_cast<unsigned>(programs), static_cast<unsigned>(planned.num_splits));
-    kernel<<<grid, DeviceBlock::kThreads, static_cast<size_t>(bytes), stream>>>(planned);
-    status = cudaGetLastError();
-    if (status != cudaSuccess || planned.num_splits == 1) return;
-    const int64_t elements = planned.batch_size * planned.max_nodes * planned.num_q_heads * planned.head_dim;
-    const int64_t merge_blocks = cdiv(elements, kMergeThreads);
-    tree_attention_detail::tree_attention_merge_kernel<Value>
-        <<<static_cast<unsigned>(merge_blocks < kMaxMergeBlocks ? merge_blocks : kMaxMergeBlocks), kMergeThreads,
-           0, stream>>>(planned, elements);
-    status = cudaGetLastError();
+    status = launch_with_merge<Value>(planned, tree_attention_detail::tree_attention_kernel<Value, kHeadDim>,
+                                      DeviceBlock::kThreads, shared_bytes<DeviceBlock, kHeadDim>(), opted_in_devices,
+                                      stream);
   });
   return status;
 }
 
 void tree_attention_host(const TreeAttentionArgs& args) {
   if (nothing_to_compute(args)) return;
-  const TreeAttentionArgs planned = plan<SimtHostBlock>(args);
-  const int64_t programs = planned.batch_size * planned.num_kv_heads * planned.row_tiles;
+  const bool mma = uses_mma(args, false);
+  const TreeAttentionArgs planned = plan(args, false, mma);
+  const int64_t blocks = planned.batch_size * planned.num_kv_heads * planned.row_tiles * planned.num_splits;
   dispatch_tree_attention(planned, [&](auto value, auto dim) {
     using Value = decltype(value);
     constexpr int kHeadDim = decltype(dim)::value;
-    // The emulated block's shared memory, reused block after block.
-    std::vector<int64_t> tiles(static_cast<size_t>(cdiv(shared_bytes<SimtHostBlock, kHeadDim>(), 8)));
-    run_host_blocks(programs * planned.num_splits, [&](const SimtHostBlock& block, int64_t index) {
-      tree_attention_detail::tree_attention_block<SimtHostBlock, Value, kHeadDim>(
-          block, planned, tiles.data(), index / planned.num_splits, index % planned.num_splits);
-    });
-    if (planned.num_splits == 1) return;
-    const int64_t elements = planned.batch_size * planned.max_nodes * planned.num_q_heads * planned.head_dim;
-    for (int64_t index = 0; index < elements; ++index) merge_element<Value>(planned, index);
+    if constexpr (mma_supports<Value>(kHeadDim)) {
+      // The emulated block's shared memory, reused block after block.
+      std::vector<int64_t> tiles(static_cast<size_t>(cdiv(mma_shared_bytes<HostWarpBlock, Value, kHeadDim>(), 8)));
+      run_host_warp_blocks(blocks, [&](const HostWarpBlock& block, int64_t index) {
+        tree_attention_detail::tree_attention_mma_block<HostWarpBlock, Value, kHeadDim>(
+            block, planned, tiles.data(), index / planned.num_splits, index % planned.num_splits);
+      });
+    } else {
+      std::vector<int64_t> tiles(static_cast<size_t>(cdiv(shared_bytes<SimtHostBlock, kHeadDim>(), 8)));
+      run_host_blocks(blocks, [&](const SimtHostBlock& block, int64_t index) {
+        tree_attention_detail::tree_attention_block<SimtHostBlock, Value, kHeadDim>(
+            block, planned, tiles.data(), index / planned.num_splits, index % planned.num_splits);
+      });
+    }
+    merge_on_host<Value>(planned);
   });
 }
 

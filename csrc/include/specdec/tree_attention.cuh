@@ -198,7 +198,78 @@ struct RowTile {
 
   SPECDEC_HOST_DEVICE int64_t node(int row) const { return (first_row + row) / group; }
   SPECDEC_HOST_DEVICE int64_t head(int row) const { return kv_head * group + (first_row + row) % group; }
+  // The row's index in the output and the partial states, [B * N * Hq].
+  SPECDEC_HOST_DEVICE int64_t output_row(int row, int64_t max_nodes, int64_t num_q_heads) const {
+    return (request * max_nodes + node(row)) * num_q_heads + head(row);
+  }
 };
+
+// Block `program` of a grid of (request, KV head, row tile of `rows` rows).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RowTile row_tile_of(const TreeAttentionArgs& args, int64_t program,
+                                                            int rows) {
+  RowTile tile;
+  const int64_t row_tile = program % args.row_tiles;
+  tile.kv_head = (program / args.row_tiles) % args.num_kv_heads;
+  tile.request = program / args.row_tiles / args.num_kv_heads;
+  tile.first_row = row_tile * rows;
+  tile.group = args.num_q_heads / args.num_kv_heads;
+  tile.live_nodes = args.max_nodes;
+  if (args.num_nodes.data != nullptr) {
+    const int64_t live = args.num_nodes[tile.request * args.num_nodes_stride];
+    tile.live_nodes = live < args.max_nodes ? live : args.max_nodes;
+  }
+  return tile;
+}
+
+// The prefix positions [start, stop) that split `split` reads, in whole
+// tiles of `keys`, and the request's prefix length. A prefix past the
+// table's capacity is invisible there anyway: clamping bounds the loop for
+// any value.
+struct PrefixSlice {
+  int64_t prefix, start, stop;
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE PrefixSlice prefix_slice(const TreeAttentionArgs& args, const RowTile& tile,
+                                                                 int64_t split, int keys) {
+  const int64_t prefix = args.prefix_lens[tile.request * args.prefix_stride];
+  const int64_t capacity = args.max_blocks << args.block_size_log2;
+  const int64_t prefix_end = prefix < 0 ? 0 : (prefix < capacity ? prefix : capacity);
+  const int64_t per_split = ((prefix_end + args.num_splits - 1) / args.num_splits + keys - 1) / keys * keys;
+  const int64_t start = split * per_split;
+  return {prefix, start, start + per_split < prefix_end ? start + per_split : prefix_end};
+}
+
+// Where key `n` of a tile of `count` keys from `first_position` is stored:
+// its block id, or -1 when it is not (past `count`, a negative position, a
+// column past the table, a block id outside [0, num_blocks)), and its slot.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void locate_key(const TreeAttentionArgs& args, int64_t request,
+                                                        int64_t first_position, int64_t count, int n,
+                                                        int64_t* block_id, int64_t* slot) {
+  *block_id = -1;
+  *slot = 0;
+  const int64_t position = wrapping_add(first_position, n);
+  if (n >= count || position < 0) return;
+  const int64_t column = position >> args.block_size_log2;
+  if (column >= args.max_blocks) return;
+  const int64_t id = args.block_tables[request * args.tables_stride_b + column * args.tables_stride_m];
+  if (id >= 0 && id < args.num_blocks) {
+    *block_id = id;
+    *slot = position & (args.block_size - 1);
+  }
+}
+
+// The packed ancestor word of node `node` of `request` that holds tree node
+// j: bit j % 32 is set iff the node sees node j.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE uint32_t ancestor_word(const TreeAttentionArgs& args, int64_t request,
+                                                               int64_t node, int64_t j) {
+  return static_cast<uint32_t>(
+      args.tree_mask[request * args.mask_stride_b + node * args.mask_stride_n + (j >> 5) * args.mask_stride_w]);
+}
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool sees_tree_node(const TreeAttentionArgs& args, int64_t request,
+                                                            int64_t node, int64_t j) {
+  return ((ancestor_word(args, request, node, j) >> (j & 31)) & 1u) != 0;
+}
 
 // `kPerLoad` consecutive elements of a head at `address`: one element, or a
 // 16-byte load (the launcher checked alignment and unit strides).
@@ -213,21 +284,23 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_elements(const Value* address,
   }
 }
 
-// Phase 2: the tile's K and V into shared memory as float32, zeros where
-// not stored; `kPerLoad` elements of each cache per load.
-template <class Block, class Value, int kHeadDim, int kPerLoad>
-SPECDEC_HOST_DEVICE void load_key_tile(const Block& block, const TreeAttentionArgs& args, const SharedTiles& tiles,
-                                       int64_t kv_head) {
-  using Shape = TileShape<Block, kHeadDim>;
+// The share of thread `thread` (of `threads`) in loading a tile's K and V:
+// store(key, first_dim, k, v, stored) receives `kPerLoad` consecutive
+// elements of each (unset where the key is not stored: the store puts zeros
+// there, so an invisible key contributes exactly 0, never NaN).
+template <class Value, int kHeadDim, int kPerLoad, class Store>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_key_tile(const TreeAttentionArgs& args, const int64_t* key_block,
+                                                           const int64_t* key_slot, int64_t kv_head, int keys,
+                                                           int thread, int threads, Store&& store) {
   constexpr int kLoadsPerHead = kHeadDim / kPerLoad;
   static_assert(kLoadsPerHead * kPerLoad == kHeadDim, "whole loads per head");
   const Value* k_cache = static_cast<const Value*>(args.k_cache.data);
   const Value* v_cache = static_cast<const Value*>(args.v_cache.data);
-  for (int load = block.thread(); load < Shape::kKeys * kLoadsPerHead; load += Block::kThreads) {
+  for (int load = thread; load < keys * kLoadsPerHead; load += threads) {
     const int key = load / kLoadsPerHead;
     const int first_dim = (load - key * kLoadsPerHead) * kPerLoad;
-    const int64_t block_id = tiles.key_block[key];
-    const int64_t slot = tiles.key_slot[key];
+    const int64_t block_id = key_block[key];
+    const int64_t slot = key_slot[key];
     Value k[kPerLoad];
     Value v[kPerLoad];
     if (block_id >= 0) {
@@ -238,11 +311,22 @@ SPECDEC_HOST_DEVICE void load_key_tile(const Block& block, const TreeAttentionAr
                                          kv_head * args.v_cache.stride[2] + first_dim * args.v_cache.stride[3],
                                      v);
     }
-    SPECDEC_UNROLL
-    for (int e = 0; e < kPerLoad; ++e) {
-      tiles.k[key * Shape::kKeyStride + first_dim + e] = block_id >= 0 ? to_float(k[e]) : 0.0f;
-      tiles.v[key * kHeadDim + first_dim + e] = block_id >= 0 ? to_float(v[e]) : 0.0f;
-    }
+    store(key, first_dim, k, v, block_id >= 0);
+  }
+}
+
+// load_key_tile 16 bytes a load when the launcher allows it (contiguous,
+// aligned heads), element by element otherwise.
+template <class Value, int kHeadDim, class Store>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_key_tile_widest(const TreeAttentionArgs& args,
+                                                                  const int64_t* key_block, const int64_t* key_slot,
+                                                                  int64_t kv_head, int keys, int thread, int threads,
+                                                                  Store&& store) {
+  constexpr int kPerWideLoad = static_cast<int>(sizeof(Bytes16) / sizeof(Value));
+  if (args.cache_loads_16_bytes) {
+    load_key_tile<Value, kHeadDim, kPerWideLoad>(args, key_block, key_slot, kv_head, keys, thread, threads, store);
+  } else {
+    load_key_tile<Value, kHeadDim, 1>(args, key_block, key_slot, kv_head, keys, thread, threads, store);
   }
 }
 
@@ -261,31 +345,21 @@ SPECDEC_HOST_DEVICE void fold_key_tile(const Block& block, const TreeAttentionAr
 
   // 1. Locations.
   if (thread < Shape::kKeys) {
-    int64_t block_id = -1;
-    int64_t slot = 0;
-    const int64_t position = wrapping_add(first_position, thread);
-    if (thread < count && position >= 0) {
-      const int64_t column = position >> args.block_size_log2;
-      if (column < args.max_blocks) {
-        const int64_t id = args.block_tables[tile.request * args.tables_stride_b + column * args.tables_stride_m];
-        if (id >= 0 && id < args.num_blocks) {
-          block_id = id;
-          slot = position & (args.block_size - 1);
-        }
-      }
-    }
-    tiles.key_block[thread] = block_id;
-    tiles.key_slot[thread] = slot;
+    locate_key(args, tile.request, first_position, count, thread, &tiles.key_block[thread], &tiles.key_slot[thread]);
   }
   block.sync();  // also: the previous tile's phase 4 is done with V and the weights
 
   // 2. K and V as float32; zeros where not stored.
-  if (args.cache_loads_16_bytes) {
-    load_key_tile<Block, Value, kHeadDim, static_cast<int>(sizeof(Bytes16) / sizeof(Value))>(block, args, tiles,
-                                                                                              tile.kv_head);
-  } else {
-    load_key_tile<Block, Value, kHeadDim, 1>(block, args, tiles, tile.kv_head);
-  }
+  load_key_tile_widest<Value, kHeadDim>(
+      args, tiles.key_block, tiles.key_slot, tile.kv_head, Shape::kKeys, thread, Block::kThreads,
+      [&](int key, int first_dim, const auto& k, const auto& v, bool stored) {
+        constexpr int kPerLoad = static_cast<int>(sizeof(k) / sizeof(k[0]));
+        SPECDEC_UNROLL
+        for (int e = 0; e < kPerLoad; ++e) {
+          tiles.k[key * Shape::kKeyStride + first_dim + e] = stored ? to_float(k[e]) : 0.0f;
+          tiles.v[key * kHeadDim + first_dim + e] = stored ? to_float(v[e]) : 0.0f;
+        }
+      });
   block.sync();
 
   // 3. Scores (lane = key), the tile's max and sum per row, the weights.
@@ -296,13 +370,7 @@ SPECDEC_HOST_DEVICE void fold_key_tile(const Block& block, const TreeAttentionAr
     const int row = r * Shape::kWarps + warp;
     const int64_t node = tile.node(row);
     if (node >= tile.live_nodes) continue;  // the whole warp: rows are per warp
-    bool visible = stored;
-    if (visible && tree_start >= 0) {
-      const int64_t j = tree_start + lane;
-      const int32_t word = args.tree_mask[tile.request * args.mask_stride_b + node * args.mask_stride_n +
-                                          (j >> 5) * args.mask_stride_w];
-      visible = ((static_cast<uint32_t>(word) >> (j & 31)) & 1u) != 0;
-    }
+    const bool visible = stored && (tree_start < 0 || sees_tree_node(args, tile.request, node, tree_start + lane));
     float score = negative_infinity();
     if (visible) {
       const float* query = tiles.q + row * kHeadDim;
@@ -351,17 +419,7 @@ SPECDEC_HOST_DEVICE void tree_attention_block(const Block& block, const TreeAtte
   const int lane = block.lane();
   const int warp = block.warp();
 
-  RowTile tile;
-  const int64_t row_tile = program % args.row_tiles;
-  tile.kv_head = (program / args.row_tiles) % args.num_kv_heads;
-  tile.request = program / args.row_tiles / args.num_kv_heads;
-  tile.first_row = row_tile * Shape::kRows;
-  tile.group = args.num_q_heads / args.num_kv_heads;
-  tile.live_nodes = args.max_nodes;
-  if (args.num_nodes.data != nullptr) {
-    const int64_t live = args.num_nodes[tile.request * args.num_nodes_stride];
-    tile.live_nodes = live < args.max_nodes ? live : args.max_nodes;
-  }
+  const RowTile tile = row_tile_of(args, program, Shape::kRows);
 
   // The query tile (read after the first key tile's barriers).
   const Value* q = static_cast<const Value*>(args.q.data);
@@ -384,22 +442,14 @@ SPECDEC_HOST_DEVICE void tree_attention_block(const Block& block, const TreeAtte
     for (int i = 0; i < Shape::kDimsPerLane; ++i) state.acc[r][i] = 0.0f;
   }
 
-  // The prefix slice of this split. A prefix past the table's capacity is
-  // invisible there anyway: clamping bounds the loop for any value.
-  const int64_t prefix = args.prefix_lens[tile.request * args.prefix_stride];
-  const int64_t capacity = args.max_blocks << args.block_size_log2;
-  const int64_t prefix_end = prefix < 0 ? 0 : (prefix < capacity ? prefix : capacity);
-  const int64_t per_split =
-      ((prefix_end + args.num_splits - 1) / args.num_splits + Shape::kKeys - 1) / Shape::kKeys * Shape::kKeys;
-  const int64_t start = split * per_split;
-  const int64_t stop = start + per_split < prefix_end ? start + per_split : prefix_end;
-  for (int64_t position = start; position < stop; position += Shape::kKeys) {
-    fold_key_tile<Block, Value, kHeadDim>(block, args, tiles, tile, position, stop - position, -1, state);
+  const PrefixSlice slice = prefix_slice(args, tile, split, Shape::kKeys);
+  for (int64_t position = slice.start; position < slice.stop; position += Shape::kKeys) {
+    fold_key_tile<Block, Value, kHeadDim>(block, args, tiles, tile, position, slice.stop - position, -1, state);
   }
   if (split == args.num_splits - 1) {
     for (int64_t j = 0; j < args.max_nodes; j += Shape::kKeys) {
-      fold_key_tile<Block, Value, kHeadDim>(block, args, tiles, tile, wrapping_add(prefix, j), args.max_nodes - j, j,
-                                            state);
+      fold_key_tile<Block, Value, kHeadDim>(block, args, tiles, tile, wrapping_add(slice.prefix, j),
+                                            args.max_nodes - j, j, state);
     }
   }
 
@@ -410,7 +460,7 @@ SPECDEC_HOST_DEVICE void tree_attention_block(const Block& block, const TreeAtte
     const int row = r * Shape::kWarps + warp;
     const int64_t node = tile.node(row);
     if (node >= args.max_nodes) continue;
-    const int64_t out_row = (tile.request * args.max_nodes + node) * args.num_q_heads + tile.head(row);
+    const int64_t out_row = tile.output_row(row, args.max_nodes, args.num_q_heads);
     if (args.num_splits == 1) {
       Value* out = static_cast<Value*>(args.out) + out_row * kHeadDim + lane;
       const bool seen = state.sum[r] > 0.0f;

@@ -1,0 +1,385 @@
+// Tree attention on tensor cores: the block program for 16-bit inputs
+// (bfloat16, float16) and head dims 64 and 128. Same grid, splits, key
+// ranges, masking rules, partial states and merge as the SIMT program of
+// tree_attention.cuh (whose helpers it uses); what differs is how a key tile
+// is folded into the rows.
+//
+// Rows and tiles. Each warp owns 16 rows of the block's row tile (8 warps:
+// 128 rows on the GPU, as the Triton kernel's largest tile, so the cache is
+// streamed once per request and KV head when N * Hq / Hkv <= 128). A key
+// tile is 32 keys. Q, K and V are kept in shared memory in their 16-bit
+// dtype, rows padded by 16 bytes so that the fragment loads of a warp hit 32
+// distinct banks.
+//
+// Per key tile, each warp:
+//   1. S = Q K^T on tensor cores (warp_mma.cuh's m16n8k16: D / 16 k-steps
+//      by 4 key columns of 8), float32;
+//   2. masks S in registers (a key not stored, a dead row, an ancestor bit
+//      not set: -inf; prefix keys read no mask bit), takes the tile's row
+//      maxima over the 4 lanes that share a fragment row, and turns S into
+//      P = 2^(S - max) (base 2: the scale is premultiplied by log2 e). Each
+//      lane keeps a partial row sum; the 4 are added at the end;
+//   3. O = O * rescale + P V on tensor cores: the float32 fragments of S
+//      are exactly the A fragments P needs once rounded to the input dtype
+//      (as the Triton kernel's weights.to(v.dtype), and FlashAttention's),
+//      so P never goes through shared memory.
+// The accumulators are D / 2 float32 registers per lane (64 at D = 128).
+//
+// Numerics: inputs and P are 16-bit, products exact, sums in float32; the
+// tensor cores' summation order is theirs, so the GPU and the host twin
+// agree within float32 rounding, not bit for bit. Tests hold both to the
+// op's tolerance (twice the same-dtype PyTorch error against float64).
+//
+// On the host the same program runs with HostWarpBlock: one std::thread per
+// warp holding its 32 lanes (warp_mma.cuh), two warps a block.
+//
+// This header includes no torch header.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "specdec/common.cuh"
+#include "specdec/tree_attention.cuh"
+#include "specdec/warp_mma.cuh"
+
+namespace specdec {
+namespace tree_attention_detail {
+
+// Head dims and dtypes the tensor-core program takes (the rest: SIMT).
+template <class Value>
+constexpr bool mma_supports(int head_dim) {
+  return !std::is_same_v<Value, float> && (head_dim == 64 || head_dim == 128);
+}
+
+template <class Block, int kHeadDim>
+struct MmaShape {
+  static constexpr int kRows = Block::kWarps * 16;
+  static constexpr int kKeys = 32;
+  static constexpr int kStride = kHeadDim + 8;  // elements: 16 bytes of padding per row
+  static constexpr int kDepthSteps = kHeadDim / 16;  // k-steps of Q K^T
+  static constexpr int kKeyColumns = kKeys / 8;      // n-tiles of Q K^T
+  static constexpr int kKeySteps = kKeys / 16;       // k-steps of P V
+  static constexpr int kDimColumns = kHeadDim / 8;   // n-tiles of P V
+};
+
+// The block's shared memory, carved from one buffer.
+template <class Value>
+struct MmaTiles {
+  int64_t* key_block;  // [keys]: block id, -1 when not stored
+  int64_t* key_slot;   // [keys]
+  Value* q;            // [rows, stride]
+  Value* k;            // [keys, stride]
+  Value* v;            // [keys, stride]
+
+  SPECDEC_HOST_DEVICE static MmaTiles carve(void* memory, int rows, int keys, int stride) {
+    int64_t* words = static_cast<int64_t*>(memory);
+    Value* q = reinterpret_cast<Value*>(words + 2 * keys);
+    Value* k = q + rows * stride;
+    return {words, words + keys, q, k, k + keys * stride};
+  }
+
+  SPECDEC_HOST_DEVICE static int64_t bytes(int rows, int keys, int stride) {
+    return 2 * keys * static_cast<int64_t>(sizeof(int64_t)) +
+           static_cast<int64_t>(sizeof(Value)) * stride * (rows + 2 * keys);
+  }
+};
+
+template <class Block, class Value, int kHeadDim>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t mma_shared_bytes() {
+  using Shape = MmaShape<Block, kHeadDim>;
+  return MmaTiles<Value>::bytes(Shape::kRows, Shape::kKeys, Shape::kStride);
+}
+
+// Elements `index` and `index + 1` of a 16-bit tile as one register (the
+// index is even and rows have an even stride, so the pair is 4-byte aligned).
+template <class Value>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE uint32_t load_pair(const Value* tile, int index) {
+  uint32_t pair;
+  memcpy(&pair, tile + index, sizeof(pair));
+  return pair;
+}
+
+// The running softmax state of a warp's rows, per held lane: lane (g, t)
+// holds rows g and g + 8 of the warp (half 0 and 1) and, of each, the
+// output dims 8c + 2t, 8c + 2t + 1 of every dim column c.
+template <class Block, int kHeadDim>
+struct MmaRowStates {
+  static constexpr int kHeld = Block::kHeldLanes;
+  float acc[MmaShape<Block, kHeadDim>::kDimColumns][kHeld][4];
+  float max[2][kHeld];  // the same in the 4 lanes of a quad
+  float sum[2][kHeld];  // this lane's share of the row sum
+  int64_t node[2][kHeld];  // the rows' tree nodes
+  // Rows are node-major, so the warp's first row holds its smallest node:
+  // a warp whose rows are all dead skips the work.
+  bool warp_live;
+};
+
+// The fragment row (0..15) of half `half` of lane `lane`.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int fragment_row(int lane, int half) { return lane / 4 + 8 * half; }
+
+// Folds one key tile: `count` keys at positions first_position + n;
+// `tree_start` >= 0 marks the tree block (key n is node tree_start + n).
+template <class Block, class Value, int kHeadDim>
+SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttentionArgs& args,
+                                           const MmaTiles<Value>& tiles, const RowTile& tile, int64_t first_position,
+                                           int64_t count, int64_t tree_start, MmaRowStates<Block, kHeadDim>& state) {
+  using Shape = MmaShape<Block, kHeadDim>;
+  constexpr int kHeld = Block::kHeldLanes;
+  constexpr int kThreads = Block::kWarps * kMmaWarpSize;
+  const int warp_row = block.warp() * 16;
+
+  block.sync();  // the previous tile's readers are done with the locations, K and V
+  for (int h = 0; h < kHeld; ++h) {
+    const int thread = block.thread(h);
+    if (thread < Shape::kKeys) {
+      locate_key(args, tile.request, first_position, count, thread, &tiles.key_block[thread],
+                 &tiles.key_slot[thread]);
+    }
+  }
+  block.sync();
+  for (int h = 0; h < kHeld; ++h) {
+    load_key_tile_widest<Value, kHeadDim>(
+        args, tiles.key_block, tiles.key_slot, tile.kv_head, Shape::kKeys, block.thread(h), kThreads,
+        [&](int key, int first_dim, const auto& k, const auto& v, bool stored) {
+          constexpr int kPerLoad = static_cast<int>(sizeof(k) / sizeof(k[0]));
+          SPECDEC_UNROLL
+          for (int e = 0; e < kPerLoad; ++e) {
+            tiles.k[key * Shape::kStride + first_dim + e] = stored ? k[e] : Value{0};
+            tiles.v[key * Shape::kStride + first_dim + e] = stored ? v[e] : Value{0};
+          }
+        });
+  }
+  block.sync();
+  if (!state.warp_live) return;  // no block barrier below
+
+  // 1. S = Q K^T.
+  float scores[Shape::kKeyColumns][kHeld][4];
+  SPECDEC_UNROLL
+  for (int c = 0; c < Shape::kKeyColumns; ++c) {
+    for (int h = 0; h < kHeld; ++h) {
+      SPECDEC_UNROLL
+      for (int i = 0; i < 4; ++i) scores[c][h][i] = 0.0f;
+    }
+  }
+  SPECDEC_UNROLL
+  for (int step = 0; step < Shape::kDepthSteps; ++step) {
+    uint32_t a[kHeld][4];
+    for (int h = 0; h < kHeld; ++h) {
+      const int lane = block.held_lane(h);
+      const int column = step * 16 + 2 * (lane % 4);
+      const Value* row = tiles.q + (warp_row + lane / 4) * Shape::kStride + column;
+      a[h][0] = load_pair(row, 0);
+      a[h][1] = load_pair(row, 8 * Shape::kStride);
+      a[h][2] = load_pair(row, 8);
+      a[h][3] = load_pair(row, 8 * Shape::kStride + 8);
+    }
+    SPECDEC_UNROLL
+    for (int c = 0; c < Shape::kKeyColumns; ++c) {
+      uint32_t b[kHeld][2];
+      for (int h = 0; h < kHeld; ++h) {
+        const int lane = block.held_lane(h);
+        const Value* key = tiles.k + (8 * c + lane / 4) * Shape::kStride + step * 16 + 2 * (lane % 4);
+        b[h][0] = load_pair(key, 0);
+        b[h][1] = load_pair(key, 8);
+      }
+      warp_mma<Block, Value>(block, scores[c], a, b);
+    }
+  }
+
+  // 2. Mask, tile maxima, P = 2^(S - max), rescale. Lane (g, t) holds keys
+  // 8c + 2t + e of rows g and g + 8.
+  float tile_max[2][kHeld];
+  for (int h = 0; h < kHeld; ++h) {
+    const int lane = block.held_lane(h);
+    bool stored[Shape::kKeyColumns][2];
+    SPECDEC_UNROLL
+    for (int c = 0; c < Shape::kKeyColumns; ++c) {
+      SPECDEC_UNROLL
+      for (int e = 0; e < 2; ++e) stored[c][e] = tiles.key_block[8 * c + 2 * (lane % 4) + e] >= 0;
+    }
+    SPECDEC_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int64_t node = state.node[half][h];
+      const bool live = node < tile.live_nodes;
+      // Tree tiles start at multiples of 32 nodes: one ancestor word covers
+      // the tile. Prefix tiles read no mask bit.
+      const uint32_t ancestors =
+          tree_start >= 0 && live ? ancestor_word(args, tile.request, node, tree_start) : 0xFFFFFFFFu;
+      float row_max = negative_infinity();
+      SPECDEC_UNROLL
+      for (int c = 0; c < Shape::kKeyColumns; ++c) {
+        SPECDEC_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int key = 8 * c + 2 * (lane % 4) + e;
+          const bool visible = live && stored[c][e] && ((ancestors >> key) & 1u) != 0;
+          float& score = scores[c][h][2 * half + e];
+          score = visible ? score * args.scale_log2 : negative_infinity();
+          row_max = score > row_max ? score : row_max;
+        }
+      }
+      tile_max[half][h] = row_max;
+    }
+  }
+  SPECDEC_UNROLL
+  for (int half = 0; half < 2; ++half) quad_all_reduce(block, tile_max[half], MaxFloat());
+  for (int h = 0; h < kHeld; ++h) {
+    SPECDEC_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const float old_max = state.max[half][h];
+      const float new_max = old_max > tile_max[half][h] ? old_max : tile_max[half][h];
+      // A row that has seen nothing keeps max = -inf; its exponentials are
+      // taken against 0, so they are 0, not NaN.
+      const float safe_max = new_max == negative_infinity() ? 0.0f : new_max;
+      const float rescale = exp2_f32(old_max - safe_max);
+      float row_sum = state.sum[half][h] * rescale;
+      SPECDEC_UNROLL
+      for (int c = 0; c < Shape::kKeyColumns; ++c) {
+        SPECDEC_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          float& weight = scores[c][h][2 * half + e];
+          weight = exp2_f32(weight - safe_max);  // -inf (invisible) gives 0
+          row_sum += weight;
+        }
+      }
+      state.sum[half][h] = row_sum;
+      state.max[half][h] = new_max;
+      SPECDEC_UNROLL
+      for (int c = 0; c < Shape::kDimColumns; ++c) {
+        state.acc[c][h][2 * half] *= rescale;
+        state.acc[c][h][2 * half + 1] *= rescale;
+      }
+    }
+  }
+
+  // 3. O += P V: S's fragments for keys 16s..16s+15 are P's A fragment.
+  SPECDEC_UNROLL
+  for (int step = 0; step < Shape::kKeySteps; ++step) {
+    uint32_t a[kHeld][4];
+    for (int h = 0; h < kHeld; ++h) {
+      const float(&low)[4] = scores[2 * step][h];
+      const float(&high)[4] = scores[2 * step + 1][h];
+      a[h][0] = pack_pair(from_float<Value>(low[0]), from_float<Value>(low[1]));
+      a[h][1] = pack_pair(from_float<Value>(low[2]), from_float<Value>(low[3]));
+      a[h][2] = pack_pair(from_float<Value>(high[0]), from_float<Value>(high[1]));
+      a[h][3] = pack_pair(from_float<Value>(high[2]), from_float<Value>(high[3]));
+    }
+    SPECDEC_UNROLL
+    for (int c = 0; c < Shape::kDimColumns; ++c) {
+      uint32_t b[kHeld][2];
+      for (int h = 0; h < kHeld; ++h) {
+        const int lane = block.held_lane(h);
+        const Value* value = tiles.v + (step * 16 + 2 * (lane % 4)) * Shape::kStride + 8 * c + lane / 4;
+        b[h][0] = pack_pair(value[0], value[Shape::kStride]);
+        b[h][1] = pack_pair(value[8 * Shape::kStride], value[9 * Shape::kStride]);
+      }
+      warp_mma<Block, Value>(block, state.acc[c], a, b);
+    }
+  }
+}
+
+template <class Block, class Value, int kHeadDim>
+SPECDEC_HOST_DEVICE void tree_attention_mma_block(const Block& block, const TreeAttentionArgs& args,
+                                                  void* shared_memory, int64_t program, int64_t split) {
+  using Shape = MmaShape<Block, kHeadDim>;
+  constexpr int kHeld = Block::kHeldLanes;
+  constexpr int kThreads = Block::kWarps * kMmaWarpSize;
+  const MmaTiles<Value> tiles = MmaTiles<Value>::carve(shared_memory, Shape::kRows, Shape::kKeys, Shape::kStride);
+  const RowTile tile = row_tile_of(args, program, Shape::kRows);
+  const int warp_row = block.warp() * 16;
+
+  // The query tile (read after the first key tile's barriers).
+  const Value* q = static_cast<const Value*>(args.q.data);
+  for (int h = 0; h < kHeld; ++h) {
+    for (int element = block.thread(h); element < Shape::kRows * kHeadDim; element += kThreads) {
+      const int row = element / kHeadDim;
+      const int dim = element - row * kHeadDim;
+      const int64_t node = tile.node(row);
+      tiles.q[row * Shape::kStride + dim] =
+          node < args.max_nodes ? q[tile.request * args.q.stride[0] + node * args.q.stride[1] +
+                                    tile.head(row) * args.q.stride[2] + dim * args.q.stride[3]]
+                                : Value{0};
+    }
+  }
+
+  MmaRowStates<Block, kHeadDim> state;
+  state.warp_live = tile.node(warp_row) < tile.live_nodes;
+  for (int h = 0; h < kHeld; ++h) {
+    SPECDEC_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      state.max[half][h] = negative_infinity();
+      state.sum[half][h] = 0.0f;
+      state.node[half][h] = tile.node(warp_row + fragment_row(block.held_lane(h), half));
+    }
+    SPECDEC_UNROLL
+    for (int c = 0; c < Shape::kDimColumns; ++c) {
+      SPECDEC_UNROLL
+      for (int i = 0; i < 4; ++i) state.acc[c][h][i] = 0.0f;
+    }
+  }
+
+  const PrefixSlice slice = prefix_slice(args, tile, split, Shape::kKeys);
+  for (int64_t position = slice.start; position < slice.stop; position += Shape::kKeys) {
+    fold_key_tile_mma<Block, Value, kHeadDim>(block, args, tiles, tile, position, slice.stop - position, -1, state);
+  }
+  if (split == args.num_splits - 1) {
+    for (int64_t j = 0; j < args.max_nodes; j += Shape::kKeys) {
+      fold_key_tile_mma<Block, Value, kHeadDim>(block, args, tiles, tile, wrapping_add(slice.prefix, j),
+                                                args.max_nodes - j, j, state);
+    }
+  }
+
+  // Outputs, as the SIMT program: rows past the tree are not written,
+  // padding rows are zero (acc = sum = 0).
+  SPECDEC_UNROLL
+  for (int half = 0; half < 2; ++half) quad_all_reduce(block, state.sum[half], AddFloat());
+  for (int h = 0; h < kHeld; ++h) {
+    const int lane = block.held_lane(h);
+    SPECDEC_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_row + fragment_row(lane, half);
+      if (state.node[half][h] >= args.max_nodes) continue;
+      const int64_t out_row = tile.output_row(row, args.max_nodes, args.num_q_heads);
+      const float row_sum = state.sum[half][h];
+      const int first_dim = 2 * (lane % 4);
+      if (args.num_splits == 1) {
+        Value* out = static_cast<Value*>(args.out) + out_row * kHeadDim + first_dim;
+        const bool seen = row_sum > 0.0f;
+        SPECDEC_UNROLL
+        for (int c = 0; c < Shape::kDimColumns; ++c) {
+          SPECDEC_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            out[8 * c + e] = from_float<Value>(seen ? fdiv_rn(state.acc[c][h][2 * half + e], row_sum) : 0.0f);
+          }
+        }
+      } else {
+        const int64_t partial = out_row * args.num_splits + split;
+        float* acc = args.partial_acc + partial * kHeadDim + first_dim;
+        SPECDEC_UNROLL
+        for (int c = 0; c < Shape::kDimColumns; ++c) {
+          acc[8 * c] = state.acc[c][h][2 * half];
+          acc[8 * c + 1] = state.acc[c][h][2 * half + 1];
+        }
+        if (lane % 4 == 0) {
+          args.partial_max[partial] = state.max[half][h];
+          args.partial_sum[partial] = row_sum;
+        }
+      }
+    }
+  }
+}
+
+#if defined(__CUDACC__)
+template <class Value, int kHeadDim>
+__global__ void __launch_bounds__(DeviceWarpBlock::kWarps * kMmaWarpSize, 1)
+    tree_attention_mma_kernel(const TreeAttentionArgs args) {
+  extern __shared__ __align__(16) unsigned char tree_attention_mma_tiles[];
+  const DeviceWarpBlock block;
+  tree_attention_mma_block<DeviceWarpBlock, Value, kHeadDim>(block, args, tree_attention_mma_tiles,
+                                                             static_cast<int64_t>(blockIdx.x),
+                                                             static_cast<int64_t>(blockIdx.y));
+}
+#endif  // __CUDACC__
+
+}  // namespace tree_attention_detail
+}  // namespace specdec
