@@ -1,13 +1,18 @@
-"""The CUDA tree_attention (csrc/include/specdec/tree_attention.cuh) against float64 and the reference.
+"""The CUDA tree_attention (csrc/include/specdec/tree_attention.cuh, tree_attention_mma.cuh) against float64 and the
+reference.
 
 Two ways in, each case runs both where it can:
 
 * ``host``: ``torch.ops.specdec_C.tree_attention`` on CPU tensors runs the
-  kernel's block program on the host: an emulated block of 8 std::threads
-  (2 warps of 4 lanes, so 4-key tiles and row tiles of 8 to 32 rows), blocks
-  one after another, then the merge of the splits. It shares the kernel's
-  tiling, index math, masking, online softmax and merge (not the hardware
-  shuffles, barriers or FMA contraction), so these cases check the .cuh file
+  kernel's block program on the host, blocks one after another, then the
+  merge of the splits. 16-bit inputs at D = 64 and 128 run the tensor-core
+  program on 2 std::threads, each a warp holding its 32 lanes (32-row and
+  32-key tiles; the mma.sync fragments and quad reductions emulated by
+  warp_mma.cuh); the rest the SIMT program on an emulated block of 8
+  std::threads (2 warps of 4 lanes, so 4-key tiles and row tiles of 8 to 32
+  rows). Either way it shares the kernel's tiling, index math, masking,
+  online softmax and merge (not the hardware shuffles, barriers, tensor-core
+  summation order or FMA contraction), so these cases check the .cuh files
   on machines without a GPU;
 * ``gpu``: ``sk.tree_attention(..., backend="cuda")`` launches the kernel
   (GPU only).

@@ -4,8 +4,14 @@
 //
 // Design
 // ------
-// SIMT: CUDA cores only, no tensor cores (a first version; not yet timed
-// against the Triton kernel, so backend="auto" keeps choosing Triton).
+// Two block programs share this file's grid, key ranges, masking rules,
+// partial states and merge: 16-bit inputs at D = 64 and 128 run the
+// tensor-core program of tree_attention_mma.cuh (on GPUs of compute
+// capability 8.0 and later); float32 inputs, D = 256 and older GPUs run the
+// SIMT program below, on CUDA cores. Neither has been timed against the
+// Triton kernel yet, so backend="auto" keeps choosing Triton.
+//
+// The SIMT program:
 //
 // Grid: (B * Hkv * row_tiles, num_splits) blocks. Block (program, split)
 // owns one request, one KV head, one row tile and one slice of the prefix.
@@ -284,49 +290,39 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_elements(const Value* address,
   }
 }
 
+// Element `first_dim` of the head `kv_head` of the key at (block_id, slot).
+template <class Value>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE const Value* cache_element(const StridedValues& cache, int64_t block_id,
+                                                                   int64_t slot, int64_t kv_head, int64_t first_dim) {
+  return static_cast<const Value*>(cache.data) + block_id * cache.stride[0] + slot * cache.stride[1] +
+         kv_head * cache.stride[2] + first_dim * cache.stride[3];
+}
+
 // The share of thread `thread` (of `threads`) in loading a tile's K and V:
-// store(key, first_dim, k, v, stored) receives `kPerLoad` consecutive
-// elements of each (unset where the key is not stored: the store puts zeros
-// there, so an invisible key contributes exactly 0, never NaN).
-template <class Value, int kHeadDim, int kPerLoad, class Store>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_key_tile(const TreeAttentionArgs& args, const int64_t* key_block,
-                                                           const int64_t* key_slot, int64_t kv_head, int keys,
-                                                           int thread, int threads, Store&& store) {
+// locate(key, &block_id, &slot) says where a key is stored (block_id -1:
+// nowhere), and store(key, first_dim, k, v, stored) receives `kPerLoad`
+// consecutive elements of each (unset where the key is not stored: the
+// store puts zeros there, so an invisible key contributes exactly 0, never
+// NaN).
+template <class Value, int kHeadDim, int kPerLoad, class Locate, class Store>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_key_tile(const TreeAttentionArgs& args, Locate&& locate,
+                                                           int64_t kv_head, int keys, int thread, int threads,
+                                                           Store&& store) {
   constexpr int kLoadsPerHead = kHeadDim / kPerLoad;
   static_assert(kLoadsPerHead * kPerLoad == kHeadDim, "whole loads per head");
-  const Value* k_cache = static_cast<const Value*>(args.k_cache.data);
-  const Value* v_cache = static_cast<const Value*>(args.v_cache.data);
   for (int load = thread; load < keys * kLoadsPerHead; load += threads) {
     const int key = load / kLoadsPerHead;
     const int first_dim = (load - key * kLoadsPerHead) * kPerLoad;
-    const int64_t block_id = key_block[key];
-    const int64_t slot = key_slot[key];
+    int64_t block_id;
+    int64_t slot;
+    locate(key, &block_id, &slot);
     Value k[kPerLoad];
     Value v[kPerLoad];
     if (block_id >= 0) {
-      load_elements<Value, kPerLoad>(k_cache + block_id * args.k_cache.stride[0] + slot * args.k_cache.stride[1] +
-                                         kv_head * args.k_cache.stride[2] + first_dim * args.k_cache.stride[3],
-                                     k);
-      load_elements<Value, kPerLoad>(v_cache + block_id * args.v_cache.stride[0] + slot * args.v_cache.stride[1] +
-                                         kv_head * args.v_cache.stride[2] + first_dim * args.v_cache.stride[3],
-                                     v);
+      load_elements<Value, kPerLoad>(cache_element<Value>(args.k_cache, block_id, slot, kv_head, first_dim), k);
+      load_elements<Value, kPerLoad>(cache_element<Value>(args.v_cache, block_id, slot, kv_head, first_dim), v);
     }
     store(key, first_dim, k, v, block_id >= 0);
-  }
-}
-
-// load_key_tile 16 bytes a load when the launcher allows it (contiguous,
-// aligned heads), element by element otherwise.
-template <class Value, int kHeadDim, class Store>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_key_tile_widest(const TreeAttentionArgs& args,
-                                                                  const int64_t* key_block, const int64_t* key_slot,
-                                                                  int64_t kv_head, int keys, int thread, int threads,
-                                                                  Store&& store) {
-  constexpr int kPerWideLoad = static_cast<int>(sizeof(Bytes16) / sizeof(Value));
-  if (args.cache_loads_16_bytes) {
-    load_key_tile<Value, kHeadDim, kPerWideLoad>(args, key_block, key_slot, kv_head, keys, thread, threads, store);
-  } else {
-    load_key_tile<Value, kHeadDim, 1>(args, key_block, key_slot, kv_head, keys, thread, threads, store);
   }
 }
 
@@ -349,17 +345,27 @@ SPECDEC_HOST_DEVICE void fold_key_tile(const Block& block, const TreeAttentionAr
   }
   block.sync();  // also: the previous tile's phase 4 is done with V and the weights
 
-  // 2. K and V as float32; zeros where not stored.
-  load_key_tile_widest<Value, kHeadDim>(
-      args, tiles.key_block, tiles.key_slot, tile.kv_head, Shape::kKeys, thread, Block::kThreads,
-      [&](int key, int first_dim, const auto& k, const auto& v, bool stored) {
-        constexpr int kPerLoad = static_cast<int>(sizeof(k) / sizeof(k[0]));
-        SPECDEC_UNROLL
-        for (int e = 0; e < kPerLoad; ++e) {
-          tiles.k[key * Shape::kKeyStride + first_dim + e] = stored ? to_float(k[e]) : 0.0f;
-          tiles.v[key * kHeadDim + first_dim + e] = stored ? to_float(v[e]) : 0.0f;
-        }
-      });
+  // 2. K and V as float32; zeros where not stored. 16 bytes a load when the
+  // launcher allows it (contiguous, aligned heads).
+  const auto locate = [&](int key, int64_t* block_id, int64_t* slot) {
+    *block_id = tiles.key_block[key];
+    *slot = tiles.key_slot[key];
+  };
+  const auto store = [&](int key, int first_dim, const auto& k, const auto& v, bool stored) {
+    constexpr int kPerLoad = static_cast<int>(sizeof(k) / sizeof(k[0]));
+    SPECDEC_UNROLL
+    for (int e = 0; e < kPerLoad; ++e) {
+      tiles.k[key * Shape::kKeyStride + first_dim + e] = stored ? to_float(k[e]) : 0.0f;
+      tiles.v[key * kHeadDim + first_dim + e] = stored ? to_float(v[e]) : 0.0f;
+    }
+  };
+  if (args.cache_loads_16_bytes) {
+    constexpr int kPerWideLoad = static_cast<int>(sizeof(Bytes16) / sizeof(Value));
+    load_key_tile<Value, kHeadDim, kPerWideLoad>(args, locate, tile.kv_head, Shape::kKeys, thread, Block::kThreads,
+                                                 store);
+  } else {
+    load_key_tile<Value, kHeadDim, 1>(args, locate, tile.kv_head, Shape::kKeys, thread, Block::kThreads, store);
+  }
   block.sync();
 
   // 3. Scores (lane = key), the tile's max and sum per row, the weights.

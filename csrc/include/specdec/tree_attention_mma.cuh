@@ -11,19 +11,31 @@
 // dtype, rows padded by 16 bytes so that the fragment loads of a warp hit 32
 // distinct banks.
 //
+// Pipeline. K and V have two buffers: while the warps fold tile t, the
+// copies of tile t + 1 are in flight (cp.async, 16 bytes each, when the
+// caches' heads are contiguous and aligned; element loads otherwise). Every
+// thread locates the keys it copies itself, so locating needs no barrier of
+// its own; two barriers a tile remain: one after the copies of tile t have
+// landed, one before its buffer is refilled.
+//
 // Per key tile, each warp:
 //   1. S = Q K^T on tensor cores (warp_mma.cuh's m16n8k16: D / 16 k-steps
 //      by 4 key columns of 8), float32;
 //   2. masks S in registers (a key not stored, a dead row, an ancestor bit
-//      not set: -inf; prefix keys read no mask bit), takes the tile's row
-//      maxima over the 4 lanes that share a fragment row, and turns S into
-//      P = 2^(S - max) (base 2: the scale is premultiplied by log2 e). Each
-//      lane keeps a partial row sum; the 4 are added at the end;
+//      not set: -inf; prefix keys read no mask bit, a tree tile one ancestor
+//      word per row), takes the tile's row maxima over the 4 lanes that
+//      share a fragment row, and turns S into P = 2^(S - max) (base 2: the
+//      scale is premultiplied by log2 e). Each lane keeps a partial row sum;
+//      the 4 are added at the end;
 //   3. O = O * rescale + P V on tensor cores: the float32 fragments of S
 //      are exactly the A fragments P needs once rounded to the input dtype
 //      (as the Triton kernel's weights.to(v.dtype), and FlashAttention's),
 //      so P never goes through shared memory.
 // The accumulators are D / 2 float32 registers per lane (64 at D = 128).
+// ptxas (CUDA 13.0): 254-255 registers at D = 128 and 188 at D = 64, no
+// spills, one block of 8 warps per SM; 70 KB (D = 128) or 37 KB of shared
+// memory. Occupancy, tile sizes and ldmatrix are not tuned: nothing has run
+// on a GPU yet.
 //
 // Numerics: inputs and P are 16-bit, products exact, sums in float32; the
 // tensor cores' summation order is theirs, so the GPU and the host twin
@@ -39,6 +51,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "specdec/async_copy.cuh"
 #include "specdec/common.cuh"
 #include "specdec/tree_attention.cuh"
 #include "specdec/warp_mma.cuh"
@@ -63,25 +76,52 @@ struct MmaShape {
   static constexpr int kDimColumns = kHeadDim / 8;   // n-tiles of P V
 };
 
-// The block's shared memory, carved from one buffer.
+// The block's shared memory, carved from one buffer: the query tile and two
+// buffers of K, V and key flags (the tile being folded, the next arriving).
 template <class Value>
 struct MmaTiles {
-  int64_t* key_block;  // [keys]: block id, -1 when not stored
-  int64_t* key_slot;   // [keys]
-  Value* q;            // [rows, stride]
-  Value* k;            // [keys, stride]
-  Value* v;            // [keys, stride]
+  Value* q;               // [rows, stride]
+  Value* k[2];            // [keys, stride] each
+  Value* v[2];            // [keys, stride] each
+  int32_t* stored[2];     // [keys] each: 1 where the key is stored
 
   SPECDEC_HOST_DEVICE static MmaTiles carve(void* memory, int rows, int keys, int stride) {
-    int64_t* words = static_cast<int64_t*>(memory);
-    Value* q = reinterpret_cast<Value*>(words + 2 * keys);
-    Value* k = q + rows * stride;
-    return {words, words + keys, q, k, k + keys * stride};
+    Value* q = static_cast<Value*>(memory);
+    Value* kv = q + rows * stride;
+    int32_t* flags = reinterpret_cast<int32_t*>(kv + 4 * keys * stride);
+    return {q, {kv, kv + keys * stride}, {kv + 2 * keys * stride, kv + 3 * keys * stride}, {flags, flags + keys}};
   }
 
   SPECDEC_HOST_DEVICE static int64_t bytes(int rows, int keys, int stride) {
-    return 2 * keys * static_cast<int64_t>(sizeof(int64_t)) +
-           static_cast<int64_t>(sizeof(Value)) * stride * (rows + 2 * keys);
+    return static_cast<int64_t>(sizeof(Value)) * stride * (rows + 4 * keys) +
+           2 * keys * static_cast<int64_t>(sizeof(int32_t));
+  }
+};
+
+// The key tiles a block folds, in order: the prefix slice's, then (the last
+// split only) the tree block's.
+struct KeyTiles {
+  PrefixSlice slice;
+  int64_t prefix_tiles, count;
+  int keys;
+
+  SPECDEC_HOST_DEVICE KeyTiles(const TreeAttentionArgs& args, const PrefixSlice& prefix, int64_t split, int tile_keys)
+      : slice(prefix), keys(tile_keys) {
+    prefix_tiles = slice.stop > slice.start ? (slice.stop - slice.start + keys - 1) / keys : 0;
+    count = prefix_tiles + (split == args.num_splits - 1 ? (args.max_nodes + keys - 1) / keys : 0);
+  }
+
+  // -1 for a prefix tile; for a tree tile its first node (key n is tree
+  // node tree_start + n).
+  SPECDEC_HOST_DEVICE int64_t tree_start(int64_t t) const { return t < prefix_tiles ? -1 : (t - prefix_tiles) * keys; }
+
+  // Tile t's first position and its keys from there on (the tile takes at
+  // most `keys` of them).
+  SPECDEC_HOST_DEVICE void get(const TreeAttentionArgs& args, int64_t t, int64_t* first_position,
+                               int64_t* remaining) const {
+    const int64_t j = tree_start(t);
+    *first_position = j < 0 ? slice.start + t * keys : wrapping_add(slice.prefix, j);
+    *remaining = j < 0 ? slice.stop - *first_position : args.max_nodes - j;
   }
 };
 
@@ -118,40 +158,72 @@ struct MmaRowStates {
 // The fragment row (0..15) of half `half` of lane `lane`.
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int fragment_row(int lane, int half) { return lane / 4 + 8 * half; }
 
-// Folds one key tile: `count` keys at positions first_position + n;
-// `tree_start` >= 0 marks the tree block (key n is node tree_start + n).
+// Issues the loads of key tile `t` into `buffer`: 16-byte asynchronous
+// copies when the launcher allows them (contiguous, aligned heads), element
+// by element otherwise; each thread then commits its copies as one group.
+// Every thread locates the keys it loads itself (the block table is read
+// once per 16 bytes, from cache), so no barrier separates locating from
+// loading.
 template <class Block, class Value, int kHeadDim>
-SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttentionArgs& args,
-                                           const MmaTiles<Value>& tiles, const RowTile& tile, int64_t first_position,
-                                           int64_t count, int64_t tree_start, MmaRowStates<Block, kHeadDim>& state) {
+SPECDEC_HOST_DEVICE void issue_key_tile(const Block& block, const TreeAttentionArgs& args,
+                                        const MmaTiles<Value>& tiles, int buffer, const RowTile& tile,
+                                        const KeyTiles& key_tiles, int64_t t) {
   using Shape = MmaShape<Block, kHeadDim>;
-  constexpr int kHeld = Block::kHeldLanes;
   constexpr int kThreads = Block::kWarps * kMmaWarpSize;
-  const int warp_row = block.warp() * 16;
-
-  block.sync();  // the previous tile's readers are done with the locations, K and V
-  for (int h = 0; h < kHeld; ++h) {
-    const int thread = block.thread(h);
-    if (thread < Shape::kKeys) {
-      locate_key(args, tile.request, first_position, count, thread, &tiles.key_block[thread],
-                 &tiles.key_slot[thread]);
+  constexpr int kPerCopy = static_cast<int>(sizeof(Bytes16) / sizeof(Value));
+  constexpr int kCopiesPerHead = kHeadDim / kPerCopy;
+  int64_t first_position, remaining;
+  key_tiles.get(args, t, &first_position, &remaining);
+  Value* keys = tiles.k[buffer];
+  Value* values = tiles.v[buffer];
+  int32_t* stored = tiles.stored[buffer];
+  for (int h = 0; h < Block::kHeldLanes; ++h) {
+    if (args.cache_loads_16_bytes) {
+      for (int copy = block.thread(h); copy < Shape::kKeys * kCopiesPerHead; copy += kThreads) {
+        const int key = copy / kCopiesPerHead;
+        const int first_dim = (copy - key * kCopiesPerHead) * kPerCopy;
+        int64_t block_id, slot;
+        locate_key(args, tile.request, first_position, remaining, key, &block_id, &slot);
+        const bool found = block_id >= 0;
+        copy_16_bytes_async(keys + key * Shape::kStride + first_dim,
+                            found ? cache_element<Value>(args.k_cache, block_id, slot, tile.kv_head, first_dim)
+                                  : args.k_cache.data,
+                            found);
+        copy_16_bytes_async(values + key * Shape::kStride + first_dim,
+                            found ? cache_element<Value>(args.v_cache, block_id, slot, tile.kv_head, first_dim)
+                                  : args.v_cache.data,
+                            found);
+        if (first_dim == 0) stored[key] = found ? 1 : 0;
+      }
+    } else {
+      load_key_tile<Value, kHeadDim, 1>(
+          args,
+          [&](int key, int64_t* block_id, int64_t* slot) {
+            locate_key(args, tile.request, first_position, remaining, key, block_id, slot);
+          },
+          tile.kv_head, Shape::kKeys, block.thread(h), kThreads,
+          [&](int key, int first_dim, const Value (&k)[1], const Value (&v)[1], bool found) {
+            keys[key * Shape::kStride + first_dim] = found ? k[0] : Value{0};
+            values[key * Shape::kStride + first_dim] = found ? v[0] : Value{0};
+            if (first_dim == 0) stored[key] = found ? 1 : 0;
+          });
     }
   }
-  block.sync();
-  for (int h = 0; h < kHeld; ++h) {
-    load_key_tile_widest<Value, kHeadDim>(
-        args, tiles.key_block, tiles.key_slot, tile.kv_head, Shape::kKeys, block.thread(h), kThreads,
-        [&](int key, int first_dim, const auto& k, const auto& v, bool stored) {
-          constexpr int kPerLoad = static_cast<int>(sizeof(k) / sizeof(k[0]));
-          SPECDEC_UNROLL
-          for (int e = 0; e < kPerLoad; ++e) {
-            tiles.k[key * Shape::kStride + first_dim + e] = stored ? k[e] : Value{0};
-            tiles.v[key * Shape::kStride + first_dim + e] = stored ? v[e] : Value{0};
-          }
-        });
-  }
-  block.sync();
+  async_copy_commit();
+}
+
+// Folds the key tile in `buffer` into the warp's rows; `tree_start` >= 0
+// marks the tree block (key n is node tree_start + n).
+template <class Block, class Value, int kHeadDim>
+SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttentionArgs& args,
+                                           const MmaTiles<Value>& tiles, int buffer, const RowTile& tile,
+                                           int64_t tree_start, MmaRowStates<Block, kHeadDim>& state) {
+  using Shape = MmaShape<Block, kHeadDim>;
+  constexpr int kHeld = Block::kHeldLanes;
+  const int warp_row = block.warp() * 16;
   if (!state.warp_live) return;  // no block barrier below
+  const Value* keys = tiles.k[buffer];
+  const Value* values = tiles.v[buffer];
 
   // 1. S = Q K^T.
   float scores[Shape::kKeyColumns][kHeld][4];
@@ -162,7 +234,9 @@ SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttenti
       for (int i = 0; i < 4; ++i) scores[c][h][i] = 0.0f;
     }
   }
-  SPECDEC_UNROLL
+  // Not unrolled: unrolled, ptxas keeps every step's fragments live (255
+  // registers and 20 bytes of spills at D = 128 on sm_90a).
+  SPECDEC_NO_UNROLL
   for (int step = 0; step < Shape::kDepthSteps; ++step) {
     uint32_t a[kHeld][4];
     for (int h = 0; h < kHeld; ++h) {
@@ -179,7 +253,7 @@ SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttenti
       uint32_t b[kHeld][2];
       for (int h = 0; h < kHeld; ++h) {
         const int lane = block.held_lane(h);
-        const Value* key = tiles.k + (8 * c + lane / 4) * Shape::kStride + step * 16 + 2 * (lane % 4);
+        const Value* key = keys + (8 * c + lane / 4) * Shape::kStride + step * 16 + 2 * (lane % 4);
         b[h][0] = load_pair(key, 0);
         b[h][1] = load_pair(key, 8);
       }
@@ -196,7 +270,7 @@ SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttenti
     SPECDEC_UNROLL
     for (int c = 0; c < Shape::kKeyColumns; ++c) {
       SPECDEC_UNROLL
-      for (int e = 0; e < 2; ++e) stored[c][e] = tiles.key_block[8 * c + 2 * (lane % 4) + e] >= 0;
+      for (int e = 0; e < 2; ++e) stored[c][e] = tiles.stored[buffer][8 * c + 2 * (lane % 4) + e] != 0;
     }
     SPECDEC_UNROLL
     for (int half = 0; half < 2; ++half) {
@@ -269,7 +343,7 @@ SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttenti
       uint32_t b[kHeld][2];
       for (int h = 0; h < kHeld; ++h) {
         const int lane = block.held_lane(h);
-        const Value* value = tiles.v + (step * 16 + 2 * (lane % 4)) * Shape::kStride + 8 * c + lane / 4;
+        const Value* value = values + (step * 16 + 2 * (lane % 4)) * Shape::kStride + 8 * c + lane / 4;
         b[h][0] = pack_pair(value[0], value[Shape::kStride]);
         b[h][1] = pack_pair(value[8 * Shape::kStride], value[9 * Shape::kStride]);
       }
@@ -318,15 +392,21 @@ SPECDEC_HOST_DEVICE void tree_attention_mma_block(const Block& block, const Tree
     }
   }
 
-  const PrefixSlice slice = prefix_slice(args, tile, split, Shape::kKeys);
-  for (int64_t position = slice.start; position < slice.stop; position += Shape::kKeys) {
-    fold_key_tile_mma<Block, Value, kHeadDim>(block, args, tiles, tile, position, slice.stop - position, -1, state);
-  }
-  if (split == args.num_splits - 1) {
-    for (int64_t j = 0; j < args.max_nodes; j += Shape::kKeys) {
-      fold_key_tile_mma<Block, Value, kHeadDim>(block, args, tiles, tile, wrapping_add(slice.prefix, j),
-                                                args.max_nodes - j, j, state);
+  // Software pipeline over the key tiles: tile t + 1 is in flight while
+  // tile t is folded, in the other buffer.
+  const KeyTiles key_tiles(args, prefix_slice(args, tile, split, Shape::kKeys), split, Shape::kKeys);
+  if (key_tiles.count > 0) issue_key_tile<Block, Value, kHeadDim>(block, args, tiles, 0, tile, key_tiles, 0);
+  for (int64_t t = 0; t < key_tiles.count; ++t) {
+    const int buffer = static_cast<int>(t & 1);
+    if (t + 1 < key_tiles.count) {
+      issue_key_tile<Block, Value, kHeadDim>(block, args, tiles, buffer ^ 1, tile, key_tiles, t + 1);
+      async_copy_wait<1>();  // this thread's copies of tile t are done
+    } else {
+      async_copy_wait<0>();
     }
+    block.sync();  // every thread's copies of tile t (and, at t = 0, the query tile) are visible
+    fold_key_tile_mma<Block, Value, kHeadDim>(block, args, tiles, buffer, tile, key_tiles.tree_start(t), state);
+    block.sync();  // every warp is done with `buffer` before tile t + 2 refills it
   }
 
   // Outputs, as the SIMT program: rows past the tree are not written,
