@@ -36,13 +36,11 @@
 
 #include "specdec/common.cuh"
 
-// `#pragma unroll` (and `unroll 1`) for nvcc only (a plain C++ compiler warns about it).
+// `#pragma unroll` for nvcc only (a plain C++ compiler warns about it).
 #if defined(__CUDACC__)
 #define SPECDEC_UNROLL _Pragma("unroll")
-#define SPECDEC_NO_UNROLL _Pragma("unroll 1")
 #else
 #define SPECDEC_UNROLL
-#define SPECDEC_NO_UNROLL
 #endif
 
 namespace specdec {

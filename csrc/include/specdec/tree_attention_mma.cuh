@@ -32,10 +32,11 @@
 //      (as the Triton kernel's weights.to(v.dtype), and FlashAttention's),
 //      so P never goes through shared memory.
 // The accumulators are D / 2 float32 registers per lane (64 at D = 128).
-// ptxas (CUDA 13.0): 254-255 registers at D = 128 and 188 at D = 64, no
-// spills, one block of 8 warps per SM; 70 KB (D = 128) or 37 KB of shared
-// memory. Occupancy, tile sizes and ldmatrix are not tuned: nothing has run
-// on a GPU yet.
+// ptxas (CUDA 13.0, sm_80 / sm_90a): 175 / 179 registers at D = 128 and
+// 136 / 145 at D = 64, no spills, no stack; one block of 8 warps per SM
+// (70 KB of shared memory at D = 128, 37 KB at D = 64). Occupancy, tile
+// sizes, ldmatrix and shared-space (rather than generic) fragment loads are
+// not tuned: nothing has run on a GPU yet.
 //
 // Numerics: inputs and P are 16-bit, products exact, sums in float32; the
 // tensor cores' summation order is theirs, so the GPU and the host twin
@@ -80,16 +81,21 @@ struct MmaShape {
 // buffers of K, V and key flags (the tile being folded, the next arriving).
 template <class Value>
 struct MmaTiles {
-  Value* q;               // [rows, stride]
-  Value* k[2];            // [keys, stride] each
-  Value* v[2];            // [keys, stride] each
-  int32_t* stored[2];     // [keys] each: 1 where the key is stored
+  Value* q;        // [rows, stride]
+  Value* kv;       // K of buffers 0 and 1, then V of buffers 0 and 1: [keys, stride] each
+  int32_t* flags;  // [2, keys]: 1 where the key is stored
+  int keys, stride;
+
+  // Buffers by arithmetic, not arrays of pointers: an array indexed by the
+  // runtime buffer number would live in local memory.
+  SPECDEC_HOST_DEVICE Value* k(int buffer) const { return kv + buffer * keys * stride; }
+  SPECDEC_HOST_DEVICE Value* v(int buffer) const { return kv + (2 + buffer) * keys * stride; }
+  SPECDEC_HOST_DEVICE int32_t* stored(int buffer) const { return flags + buffer * keys; }
 
   SPECDEC_HOST_DEVICE static MmaTiles carve(void* memory, int rows, int keys, int stride) {
     Value* q = static_cast<Value*>(memory);
     Value* kv = q + rows * stride;
-    int32_t* flags = reinterpret_cast<int32_t*>(kv + 4 * keys * stride);
-    return {q, {kv, kv + keys * stride}, {kv + 2 * keys * stride, kv + 3 * keys * stride}, {flags, flags + keys}};
+    return {q, kv, reinterpret_cast<int32_t*>(kv + 4 * keys * stride), keys, stride};
   }
 
   SPECDEC_HOST_DEVICE static int64_t bytes(int rows, int keys, int stride) {
@@ -174,9 +180,9 @@ SPECDEC_HOST_DEVICE void issue_key_tile(const Block& block, const TreeAttentionA
   constexpr int kCopiesPerHead = kHeadDim / kPerCopy;
   int64_t first_position, remaining;
   key_tiles.get(args, t, &first_position, &remaining);
-  Value* keys = tiles.k[buffer];
-  Value* values = tiles.v[buffer];
-  int32_t* stored = tiles.stored[buffer];
+  Value* keys = tiles.k(buffer);
+  Value* values = tiles.v(buffer);
+  int32_t* stored = tiles.stored(buffer);
   for (int h = 0; h < Block::kHeldLanes; ++h) {
     if (args.cache_loads_16_bytes) {
       for (int copy = block.thread(h); copy < Shape::kKeys * kCopiesPerHead; copy += kThreads) {
@@ -222,8 +228,8 @@ SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttenti
   constexpr int kHeld = Block::kHeldLanes;
   const int warp_row = block.warp() * 16;
   if (!state.warp_live) return;  // no block barrier below
-  const Value* keys = tiles.k[buffer];
-  const Value* values = tiles.v[buffer];
+  const Value* keys = tiles.k(buffer);
+  const Value* values = tiles.v(buffer);
 
   // 1. S = Q K^T.
   float scores[Shape::kKeyColumns][kHeld][4];
@@ -234,9 +240,7 @@ SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttenti
       for (int i = 0; i < 4; ++i) scores[c][h][i] = 0.0f;
     }
   }
-  // Not unrolled: unrolled, ptxas keeps every step's fragments live (255
-  // registers and 20 bytes of spills at D = 128 on sm_90a).
-  SPECDEC_NO_UNROLL
+  SPECDEC_UNROLL
   for (int step = 0; step < Shape::kDepthSteps; ++step) {
     uint32_t a[kHeld][4];
     for (int h = 0; h < kHeld; ++h) {
@@ -270,7 +274,7 @@ SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttenti
     SPECDEC_UNROLL
     for (int c = 0; c < Shape::kKeyColumns; ++c) {
       SPECDEC_UNROLL
-      for (int e = 0; e < 2; ++e) stored[c][e] = tiles.stored[buffer][8 * c + 2 * (lane % 4) + e] != 0;
+      for (int e = 0; e < 2; ++e) stored[c][e] = tiles.stored(buffer)[8 * c + 2 * (lane % 4) + e] != 0;
     }
     SPECDEC_UNROLL
     for (int half = 0; half < 2; ++half) {
