@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .sampling import chunk_draw, chunk_pick, fixed_point, row_probabilities, softmax_weight
-from .truncation import truncated_probability
+from .truncation_measures import truncated_probability
 
 
 @triton.jit
