@@ -39,20 +39,15 @@ def record_words(ROWS: tl.constexpr):
 
 
 @triton.jit
-def _payload(record, ROWS: tl.constexpr):
-    """Pointers to the ``first`` words ``[ROWS, CANDIDATES]`` of a record's payload (``second`` is the next)."""
-    rows = tl.arange(0, ROWS)[:, None]
-    columns = tl.arange(0, CANDIDATES)[None, :]
-    return record + STAGE_WORDS + (rows * CANDIDATES + columns) * 2
-
-
-@triton.jit
 def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inverse_temperature, vocab_size,
              records, stage, chunks_per_split, num_splits, timeouts_ptr,
              KIND: tl.constexpr, STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
              BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """The whole-row measure ``KIND`` of the searching rows (``measure_slice``'s arguments): measured here, or,
-    ``STAGED``, from stage ``stage`` of the request's ``records``, which every program of the request calls."""
+    ``STAGED``, from stage ``stage`` of the request's ``records``, which every program of the request calls.
+
+    ``BLOCK_V`` is the sampler's chunk (a slice is ``chunks_per_split`` of them) and, whole-row, the max / mass
+    tile."""
     if STAGED:
         first = tl.zeros((ROWS, CANDIDATES), tl.int64)
         second = tl.zeros((ROWS, CANDIDATES), tl.int64)
@@ -62,9 +57,10 @@ def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inver
         while taken < num_splits:
             vocab_lo = taken * chunks_per_split * BLOCK_V
             vocab_hi = tl.minimum(vocab_lo + chunks_per_split * BLOCK_V, vocab_size)
+            # The max / mass tiles as wide as the candidate tile: ROWS rows at once, in registers.
             slice_first, slice_second = measure_slice(
                 row, searching, candidates, floor, vocab_lo, vocab_hi, row_max, row_inverse_norm,
-                inverse_temperature, KIND, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+                inverse_temperature, KIND, LOGITS, ROWS, SEARCH_BLOCK * CANDIDATES, SEARCH_BLOCK)
             if KIND == MAX_KEY:
                 first = tl.maximum(first, slice_first)
             else:
@@ -73,7 +69,9 @@ def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inver
             measured_slices += 1
             taken = take_slice(record)
         # One atomic per nonzero word and program (not per slice): most candidates of a step count nothing.
-        first_words = _payload(record, ROWS)
+        # Payload [ROWS, CANDIDATES, 2]: first, second.
+        first_words = (record + STAGE_WORDS + (tl.arange(0, ROWS)[:, None] * CANDIDATES
+                                               + tl.arange(0, CANDIDATES)[None, :]) * 2)
         if KIND == MAX_KEY:
             tl.atomic_max(first_words, first, mask=first != 0, sem="relaxed")
         else:
