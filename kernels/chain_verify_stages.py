@@ -48,11 +48,12 @@ def staged_statistics(
     measured_slices = 0
     taken = take_slice(record)
     while taken < num_splits:
-        chunk_lo = taken * chunks_per_split
+        split = taken.to(tl.int32)  # the record's counter is int64; vocabulary indices stay 32-bit
+        chunk_lo = split * chunks_per_split
         scan_statistics(
             target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
             requests, active, active, sampled, num_drafts, inverse_temperature,
-            taken, num_splits, max_drafts, chunk_lo * BLOCK_V,
+            split, num_splits, max_drafts, chunk_lo * BLOCK_V,
             tl.minimum(tl.minimum(chunk_lo + chunks_per_split, num_chunks) * BLOCK_V, vocab_size),
             stride_target_k, stride_draft_k, LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
         )

@@ -55,7 +55,7 @@ def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inver
         measured_slices = 0
         taken = take_slice(record)
         while taken < num_splits:
-            vocab_lo = taken * chunks_per_split * BLOCK_V
+            vocab_lo = taken.to(tl.int32) * chunks_per_split * BLOCK_V  # 32-bit indices, as the whole-row search
             vocab_hi = tl.minimum(vocab_lo + chunks_per_split * BLOCK_V, vocab_size)
             # The max / mass tiles as wide as the candidate tile: ROWS rows at once, in registers.
             slice_first, slice_second = measure_slice(
