@@ -44,12 +44,18 @@ CHAIN_VERIFY_SHAPES = (
 )
 
 # The same fields, compiled with every sampling parameter (top_k, top_p,
-# min_p, bonus ids): the whole-row walk with the truncation search
+# min_p, bonus ids). Batches below 2 * 132 at large vocabularies take the
+# staged plan (kernels/chain_verify_stages.py: probabilities, logits, no
+# draft, and K = 15, whose 16-row search tile is the widest); larger ones and
+# tiny vocabularies the whole-row walk with the truncation search
 # (kernels/truncation.py), one request per program at large vocabularies and
 # the most rows per program at a tiny one.
 CHAIN_VERIFY_SAMPLING_SHAPES = (
     (1, 4, 128256, "fp32", True, False, False, False),
     (64, 4, 128256, "bf16", True, True, True, True),
+    (8, 7, 151936, "bf16", False, True, False, False),
+    (2, 15, 32000, "fp16", True, False, True, False),
+    (512, 4, 128256, "bf16", True, True, False, False),
     (256, 3, 8, "fp32", False, False, False, False),
 )
 
@@ -148,16 +154,18 @@ def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
 
 def chain_verify_variants():
     """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's configurations."""
-    from specdec_kernels.launchers.chain_verify import GPU_LIMITS, launch_config, num_warps, truncation_limits
+    from specdec_kernels.launchers.chain_verify import GPU_LIMITS, launch_config, num_warps, truncation_config
 
     from .chain_verify import _chain_verify_kernel
 
     variants = []
     shapes = [(shape, False) for shape in CHAIN_VERIFY_SHAPES] + [(shape, True) for shape in CHAIN_VERIFY_SAMPLING_SHAPES]
     for (batch, drafts, vocab, dtype, draft, logits, per_request, packed), sampling in shapes:
-        # Truncation needs whole rows: the launcher then takes one slice per row.
-        config = launch_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS,
-                               truncation_limits(GPU_LIMITS, gpu=True) if sampling else GPU_LIMITS)
+        # Truncation: the staged plan where rows split, else the walk (one slice per row).
+        if sampling:
+            config, staged = truncation_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS, GPU_LIMITS)
+        else:
+            config, staged = launch_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS, GPU_LIMITS), False
         signature = {
             "draft_ids_ptr": "*i64", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
             "num_drafts_ptr": "*i32", "cu_ptr": "*i64", "temperature_ptr": "*fp32",
@@ -167,7 +175,7 @@ def chain_verify_variants():
             "chunk_total_ptr": "*i64", "chunk_pick_ptr": "*i32", "stat_max_ptr": "*fp32", "stat_arg_ptr": "*i32",
             "stat_sum_ptr": "*fp32", "stat_dmax_ptr": "*fp32", "stat_dsum_ptr": "*fp32",
             "tickets_ptr": "*i32", "wave1_arrivals_ptr": "*i32", "arrivals_ptr": "*i32",
-            "timeouts_ptr": "*i32",
+            "timeouts_ptr": "*i32", "stages_ptr": "*i64",
             "batch_size": "i32", "max_drafts": "i32", "num_tokens": "i32", "vocab_size": "i32", "num_chunks": "i32",
             "num_splits": "i32", "chunks_per_split": "i32",
             "stride_ids_b": "i32", "stride_target_b": "i32", "stride_target_k": "i32",
@@ -177,7 +185,7 @@ def chain_verify_variants():
             "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": not packed, "PACKED": packed, "HAS_TEMPERATURE": True,
             "LOGITS": logits,
             "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
-            "WALK": (logits or sampling) and config.num_splits == 1,
+            "WALK": (logits or sampling) and config.num_splits == 1, "STAGED": staged,
             **_sampling_constexprs(sampling, config.search_block),
             "ROWS": config.rows, "BLOCK_K1": config.block_k1,
             "BLOCK_V": config.block_v, "SPLIT_TILE": config.split_tile, "CHUNK_TILE": config.chunk_tile,
@@ -185,6 +193,7 @@ def chain_verify_variants():
         signature = _with_sampling_pointers(signature)
         signature.update({key: "constexpr" for key in constexprs})
         mode = ("logits walk" if constexprs["WALK"] else "logits waves") if logits else "probs"
+        mode = f"{mode.split()[0]} staged" if staged else mode
         name = (f"chain_verify{'_packed' if packed else ''} B={batch} K={drafts} V={vocab} {dtype} {mode}"
                 f"{'' if draft else ' one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''} rows={config.rows}")
         options = {"num_warps": num_warps(sampling), "enable_fp_fusion": False}

@@ -40,13 +40,36 @@ to the first rejection, which need the whole vocabulary.
   programs wait until their row block's wave 1 has published, combine the
   normalisers, then do what a probabilities program does.
 
+Truncation (top-k / top-p / min-p). A threshold needs the whole row.
+
+* Where rows are not split: the walk above, with each target row's
+  threshold searched by the program that holds it (``row_truncation``,
+  ``kernels/truncation.py``) before its acceptance test.
+* Where they are (small batches): the *staged* plan
+  (``kernels/chain_verify_stages.py``), one request per program and the
+  slices of the untruncated plan. A pass that needs the whole row is a
+  stage: the request's programs take its slices from a counter in the
+  request's stage record, add their integer partials atomically, publish
+  and wait for all (the take/publish/wait of
+  ``kernels/tree_verify_stages.py``). Stage 0 is the logits normalisers (in
+  place of the two waves); the stages after it are the truncation search of
+  every row a decision may need, ``0..n_b`` (``0..n_b - 1`` with bonus ids),
+  all at once, since the stop is unknown until the thresholds are: rows past
+  the stop are read for nothing, the price of not deciding row by row. The
+  totals are integer sums, so each program derives the same thresholds and
+  reciprocals as the whole-row search, bit for bit. Then every program does
+  what a probabilities program does with the truncated rows, and the last
+  to arrive zeroes the request's records.
+
 No program waits on one that may not be running: with two waves a program's
 role comes from a ticket (an atomic counter taken at program start), not
 from its id, and wave 1 roles take the first tickets, so every wave 1
 program a wave 2 program waits for took its ticket earlier: it is running or
 done, whatever order the GPU dispatches programs in and however many fit at
-once. The interpreter runs programs one after another in id order, so it
-never waits at all. A wait is bounded anyway: past ``SPIN_LIMIT`` polls it
+once. Staged, roles come from the program id: a program waits only for
+slices already taken, by running programs. The interpreter runs programs one
+after another in id order, so it never waits at all (staged, a request's
+first program takes every slice). A wait is bounded anyway: past ``SPIN_LIMIT`` polls it
 counts an error in the workspace and goes on, rather than hang a server.
 Every arrival is preceded by ``tl.debug_barrier()`` so the whole program's
 stores are issued before the release (Triton does not promise that barrier
@@ -67,40 +90,11 @@ import triton
 import triton.language as tl
 
 from .chain_verify_finish import greedy_decisions, sampled_tokens, wait_for, write_outputs
-from .chain_verify_rows import inverse_norm, request_temperatures, row_at, row_statistics, sample_slice
+from .chain_verify_rows import inverse_norm, request_temperatures, row_at, row_statistics, sample_slice, scan_statistics
+from .chain_verify_stages import clear_request_records, request_records, staged_statistics, staged_thresholds
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import row_probabilities, softmax_weight
 from .truncation import row_truncation, truncated_probability, truncation_parameters
-
-
-@triton.jit
-def _scan_statistics(
-    target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-    requests, active, read_target, read_draft, num_drafts, inverse_temperature,
-    split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
-    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    """:func:`row_statistics` of this slice of rows ``0..n_b``, stored at ``[request, position, split]``.
-
-    ``read_target`` / ``read_draft`` mask the requests whose rows are read;
-    target rows past ``n_b`` and draft rows past ``n_b - 1`` are not read.
-    """
-    slot = requests.to(tl.int64) * BLOCK_K1 * num_splits + split
-    for position in range(0, max_drafts + 1):
-        row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
-            row_at(target_rows, position, stride_target_k)[:, None],
-            row_at(draft_rows, position, stride_draft_k)[:, None],
-            (read_target & (position <= num_drafts))[:, None], (read_draft & (position < num_drafts))[:, None],
-            inverse_temperature, vocab_lo, vocab_hi, LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
-        here = slot + position * num_splits
-        tl.store(stat_max_ptr + here, row_max, mask=active)
-        tl.store(stat_arg_ptr + here, row_arg, mask=active)
-        if LOGITS:
-            tl.store(stat_sum_ptr + here, row_sum, mask=active)
-            if HAS_DRAFT:
-                tl.store(stat_dmax_ptr + here, drow_max, mask=active)
-                tl.store(stat_dsum_ptr + here, drow_sum, mask=active)
 
 
 @triton.jit
@@ -279,7 +273,7 @@ def _chain_verify_kernel(
     output_ptr, num_accepted_ptr,
     # workspace: chunk results [B, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters
     chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-    tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, timeouts_ptr,
+    tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, timeouts_ptr, stages_ptr,
     batch_size, max_drafts, num_tokens, vocab_size, num_chunks, num_splits, chunks_per_split,
     # Row strides stay specialised (Triton keys only on "== 1" and "% 16"), so a
     # vocabulary stride divisible by 16 gives vector loads without recompiles.
@@ -287,15 +281,18 @@ def _chain_verify_kernel(
     stride_ids_b, stride_target_b, stride_target_k, stride_draft_b, stride_draft_k, stride_output_b,
     HAS_DRAFT: tl.constexpr, HAS_NUM_DRAFTS: tl.constexpr, PACKED: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
     LOGITS: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
-    OFFSET_PER_REQUEST: tl.constexpr, WALK: tl.constexpr,
+    OFFSET_PER_REQUEST: tl.constexpr, WALK: tl.constexpr, STAGED: tl.constexpr,
     HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, TRUNCATE: tl.constexpr,
     HAS_BONUS: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_TILE: tl.constexpr,
     CHUNK_TILE: tl.constexpr,
 ):
     """``WALK`` (one slice per row; logits or ``TRUNCATE``): one wave, :func:`_walk_rows`; otherwise see the
-    module docstring. ``TRUNCATE`` needs ``WALK``: a truncation threshold needs the whole row."""
-    if LOGITS and not WALK:
+    module docstring. ``TRUNCATE`` needs ``WALK`` or ``STAGED``: a truncation threshold needs the whole row, read
+    by one program or shared by the request's programs (``kernels/chain_verify_stages.py``)."""
+    if STAGED:
+        tl.static_assert(ROWS == 1, "the staged plan holds one request per program")
+    if LOGITS and not (WALK or STAGED):
         role = tl.atomic_add(tickets_ptr, 1, sem="relaxed")
     else:
         role = tl.program_id(0)  # nobody waits: any order is fine
@@ -354,12 +351,12 @@ def _chain_verify_kernel(
         write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
                       stride_output_b, BLOCK_K1)
     else:
-        if LOGITS:
+        if LOGITS and not STAGED:
             publishes = wave == 0
         else:
             publishes = False
         if publishes:
-            _scan_statistics(
+            scan_statistics(
                 target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
                 requests, active, active, sampled, num_drafts, inverse_temperature,
                 split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
@@ -368,10 +365,17 @@ def _chain_verify_kernel(
             tl.debug_barrier()
             tl.atomic_add(wave1_arrivals_ptr + row_block, 1, sem="release")
         else:
-            if LOGITS:
+            records = request_records(stages_ptr, row_block, BLOCK_K1)  # used by STAGED only
+            if LOGITS and STAGED:
+                staged_statistics(
+                    records, target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr,
+                    stat_dsum_ptr, requests, active, sampled, num_drafts, inverse_temperature, num_chunks,
+                    chunks_per_split, num_splits, max_drafts, vocab_size, stride_target_k, stride_draft_k,
+                    timeouts_ptr, LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V)
+            elif LOGITS:
                 wait_for(wave1_arrivals_ptr + row_block, num_splits, timeouts_ptr)
             elif tl.max(greedy.to(tl.int32), axis=0) > 0:
-                _scan_statistics(
+                scan_statistics(
                     target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
                     requests, active, greedy, greedy, num_drafts, inverse_temperature,
                     split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
@@ -403,6 +407,16 @@ def _chain_verify_kernel(
                         stat_dmax_ptr, stat_dsum_ptr, requests, sampled, num_splits, max_drafts - 1,
                         inverse_temperature, ROWS, BLOCK_K1, SPLIT_TILE)
                     draft_at = softmax_weight(draft_at - draft_max, inverse_temperature[:, None]) * draft_inverse_norm
+            threshold = tl.zeros((ROWS, BLOCK_K1), tl.int32)
+            reciprocal = tl.zeros((ROWS, BLOCK_K1), tl.float64)
+            if STAGED and TRUNCATE:
+                if tl.max(truncating, axis=0) > 0:
+                    threshold, reciprocal = staged_thresholds(
+                        records, target_rows, truncating, num_drafts, top_k, top_p, min_p, k_on, p_on, min_p_on,
+                        target_max, target_inverse_norm, inverse_temperature, vocab_size, chunks_per_split,
+                        num_splits, stride_target_k, timeouts_ptr, LOGITS, HAS_BONUS, BLOCK_K1, BLOCK_V,
+                        SEARCH_BLOCK)
+                    target_at = truncated_probability(target_at, threshold, reciprocal, truncating[:, None] != 0)
             k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                          requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
             w0, _, _, _ = random_words(k0[:, None], k1[:, None], c2[:, None], c3[:, None], ACCEPT_STREAM, positions,
@@ -415,7 +429,8 @@ def _chain_verify_kernel(
             stop_max = tl.sum(tl.where(at_stop, target_max, 0.0), axis=1)
             stop_inverse_norm = tl.sum(tl.where(at_stop, target_inverse_norm, 0.0), axis=1)
             sampling = sampled & ~_takes_bonus(active, stop, num_drafts, HAS_BONUS)
-            no_truncation = tl.zeros((ROWS,), tl.int32)
+            stop_threshold = tl.sum(tl.where(at_stop, threshold, 0), axis=1)
+            stop_reciprocal = tl.sum(tl.where(at_stop, reciprocal, 0.0), axis=1)
 
             if tl.max(sampling.to(tl.int32), axis=0) > 0:
                 sample_slice(
@@ -424,8 +439,7 @@ def _chain_verify_kernel(
                     stop_max, stop_inverse_norm, tl.sum(tl.where(at_stop, draft_max, 0.0), axis=1),
                     tl.sum(tl.where(at_stop, draft_inverse_norm, 0.0), axis=1), inverse_temperature, k0, k1, c2, c3,
                     num_chunks, chunk_lo, chunk_hi, vocab_size, stride_target_k, stride_draft_k,
-                    no_truncation, no_truncation.to(tl.float64), no_truncation,
-                    LOGITS, HAS_DRAFT, False, BLOCK_V,
+                    stop_threshold, stop_reciprocal, truncating, LOGITS, HAS_DRAFT, TRUNCATE, BLOCK_V,
                 )
 
             # The last program of the row block chooses and writes the outputs;
@@ -435,7 +449,9 @@ def _chain_verify_kernel(
             if arrived == num_splits - 1:
                 tl.debug_barrier()
                 tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
-                if LOGITS:
+                if STAGED:
+                    clear_request_records(records, BLOCK_K1)
+                elif LOGITS:
                     tl.atomic_add(wave1_arrivals_ptr + row_block, -num_splits, sem="relaxed")
                 greedy_stop, greedy_token = greedy_decisions(
                     stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, valid, in_chain, num_drafts,
@@ -443,7 +459,7 @@ def _chain_verify_kernel(
                 token = tl.where(greedy, greedy_token, sampled_tokens(
                     target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampling, subtract, stop, stop_max,
                     stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_k,
-                    no_truncation, no_truncation.to(tl.float64), no_truncation, LOGITS, False,
+                    stop_threshold, stop_reciprocal, truncating, LOGITS, TRUNCATE,
                     ROWS, BLOCK_V, CHUNK_TILE))
                 stop = tl.where(greedy, greedy_stop, stop)
                 token = _bonus_tokens(bonus_ptr, requests, _takes_bonus(active, stop, num_drafts, HAS_BONUS), token,
@@ -451,7 +467,7 @@ def _chain_verify_kernel(
                 write_outputs(output_ptr, num_accepted_ptr, requests, active, stop,
                               token, token_ids, max_drafts, stride_output_b, BLOCK_K1)
 
-        if LOGITS:
+        if LOGITS and not STAGED:
             # The last program to end returns the tickets (all were taken by then).
             num_programs = tl.num_programs(0)
             if tl.atomic_add(tickets_ptr + 1, 1, sem="relaxed") == num_programs - 1:

@@ -1,6 +1,7 @@
 """Reads of target and draft rows shared by the chain and tree kernels.
 
-``row_statistics`` is a row's max, argmax and softmax normaliser;
+``row_statistics`` is a row's max, argmax and softmax normaliser, and
+``scan_statistics`` those of a slice of rows ``0..n_b``, stored per slice;
 ``request_temperatures`` the requests' greedy flags and ``1 / T``;
 ``sample_slice`` is the per-element pass of the sampler: loads, subtract,
 clamp, scale, convert, one int64 scan per 1024-token chunk, a compare and
@@ -11,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .sampling import chunk_draw, chunk_pick, fixed_point, row_probabilities, softmax_weight
-from .truncation import truncated_probability
+from .truncation_measures import truncated_probability
 
 
 @triton.jit
@@ -79,6 +80,36 @@ def sample_slice(
         total, offset = chunk_pick(fixed_point(p - q), chunk_draw(k0, k1, c2, c3, stop, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
         tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
+
+
+@triton.jit
+def scan_statistics(
+    target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
+    requests, active, read_target, read_draft, num_drafts, inverse_temperature,
+    split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
+    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """:func:`row_statistics` of this slice of rows ``0..n_b``, stored at ``[request, position, split]``.
+
+    ``read_target`` / ``read_draft`` mask the requests whose rows are read;
+    target rows past ``n_b`` and draft rows past ``n_b - 1`` are not read.
+    """
+    slot = requests.to(tl.int64) * BLOCK_K1 * num_splits + split
+    for position in range(0, max_drafts + 1):
+        row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
+            row_at(target_rows, position, stride_target_k)[:, None],
+            row_at(draft_rows, position, stride_draft_k)[:, None],
+            (read_target & (position <= num_drafts))[:, None], (read_draft & (position < num_drafts))[:, None],
+            inverse_temperature, vocab_lo, vocab_hi, LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
+        here = slot + position * num_splits
+        tl.store(stat_max_ptr + here, row_max, mask=active)
+        tl.store(stat_arg_ptr + here, row_arg, mask=active)
+        if LOGITS:
+            tl.store(stat_sum_ptr + here, row_sum, mask=active)
+            if HAS_DRAFT:
+                tl.store(stat_dmax_ptr + here, drow_max, mask=active)
+                tl.store(stat_dsum_ptr + here, drow_sum, mask=active)
 
 
 @triton.jit

@@ -72,7 +72,7 @@ from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
                        normaliser_reciprocal, row_probabilities, split_sums)
 from .tree_verify_stages import (P_RECIPROCAL_WORD, Q_RECIPROCAL_WORD, RESIDUAL_WORD, STAGE_WORDS, TOKEN_WORD,
-                                 end_request, publish_chunks, publish_slice, record_rejection, stage_totals,
+                                 end_request, publish, publish_slice, record_rejection, stage_totals,
                                  take_slice, wait_for_stage)
 from .truncation import row_truncation, truncated_probability, truncation_parameters
 
@@ -518,7 +518,7 @@ def _tree_verify_kernel(
                 first_chunk = taken * chunks_per_split
                 _sample_chunks(*sample_rows, first_chunk, tl.minimum(first_chunk + chunks_per_split, num_chunks),
                                vocab_size, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT, BLOCK_V)
-                publish_chunks(record)
+                publish(record, 1)
                 taken = take_slice(record)
             stage += 1
             if writer:  # only the writer needs the token

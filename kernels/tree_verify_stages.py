@@ -61,15 +61,15 @@ def publish_slice(record, residual_high, residual_low, target_high, target_low, 
     tl.atomic_add(record + TOTALS_WORD + 3, tl.sum(target_low, axis=0), sem="relaxed")
     tl.atomic_add(record + TOTALS_WORD + 4, tl.sum(drawn_high, axis=0), sem="relaxed")
     tl.atomic_add(record + TOTALS_WORD + 5, tl.sum(drawn_low, axis=0), sem="relaxed")
-    tl.debug_barrier()  # every thread's stores issued before the release
-    tl.atomic_add(record + PUBLISHED_WORD, 1, sem="release")
+    publish(record, 1)
 
 
 @triton.jit
-def publish_chunks(record):
-    """Release a slice of the final sample (its chunk results are stored)."""
-    tl.debug_barrier()
-    tl.atomic_add(record + PUBLISHED_WORD, 1, sem="release")
+def publish(record, slices):
+    """Release ``slices`` slices of the stage, after every store and atomic add the program made for them
+    (the final sample's chunk results; the truncation search's partials)."""
+    tl.debug_barrier()  # every thread's stores issued before the release
+    tl.atomic_add(record + PUBLISHED_WORD, slices, sem="release")
 
 
 @triton.jit

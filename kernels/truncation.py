@@ -24,29 +24,33 @@ and total, ``31 / RADIX_BITS`` (rounded up) passes per active top-k or
 top-p search, one for the kept total: at most 20 reads of the row, which
 the verify kernels then read again to test and sample. It is the first
 version: a histogram kept in shared memory would need 4 passes.
+
+Each pass is a *measure* (``kernels/truncation_measures.py``): over the
+whole row in one program (:func:`row_truncation`), or, in the chain
+kernel's staged plan (:func:`staged_truncation`), shared by the programs of
+a request slice by slice through numbered stage records
+(``kernels/truncation_stages.py``). The search below is the same code for
+both, so the thresholds and reciprocals are the same bits.
 """
 
 import triton
 import triton.language as tl
 
-from .sampling import fixed_point, normaliser_reciprocal, row_probabilities, split_sums
+from .sampling import normaliser_reciprocal
+from .truncation_measures import (CANDIDATES, COUNTS, MASS, MASSES, MAX_KEY, RADIX_BITS, clean_probability,
+                                  probability_key, truncated_probability)
+from .truncation_stages import measured
 
-RADIX_BITS = tl.constexpr(4)
-_CANDIDATES = tl.constexpr(16)  # 2**RADIX_BITS
 _KEY_BITS = tl.constexpr(31)  # keys of probabilities in [0, 1] are below 2**30; the search covers 31 bits
 _STEPS = tl.constexpr(8)  # ceil(_KEY_BITS / RADIX_BITS)
-
-
-@triton.jit
-def clean_probability(p):
-    """``p`` with NaN and negatives as ``+0.0`` and values above 1 as 1 (the reference's ``clean``)."""
-    return tl.where(p > 0.0, tl.minimum(p, 1.0), 0.0)
-
-
-@triton.jit
-def probability_key(cleaned):
-    """int32 key of a cleaned probability: its bit pattern, which orders like the value."""
-    return cleaned.to(tl.int32, bitcast=True)
+# Stage numbers of the staged search (fixed, so a skipped search leaves its records unused); stage 0 is the
+# chain kernel's softmax normalisers.
+_MAX_KEY_STAGE = tl.constexpr(1)
+_TOP_K_STAGE = tl.constexpr(2)  # .. 2 + _STEPS - 1
+_GOAL_STAGE = tl.constexpr(10)
+_TOP_P_STAGE = tl.constexpr(11)  # .. 11 + _STEPS - 1
+_KEPT_STAGE = tl.constexpr(19)
+NUM_STAGES = tl.constexpr(20)
 
 
 @triton.jit
@@ -73,92 +77,90 @@ def truncation_parameters(top_k_ptr, top_p_ptr, min_p_ptr, requests, active, voc
 
 
 @triton.jit
-def truncated_probability(p, threshold, reciprocal, truncating):
-    """The truncated row's entry for probability ``p``: ``float32(W * r)`` if kept, else 0; ``p`` where not truncating.
-
-    ``threshold``, ``reciprocal`` and ``truncating`` broadcast against ``p``
-    (from :func:`row_truncation`). The entry is ``_sampling.normalise``'s.
-    """
-    cleaned = clean_probability(p)
-    kept = probability_key(cleaned) >= threshold
-    value = (fixed_point(cleaned).to(tl.float64) * reciprocal).to(tl.float32)
-    return tl.where(truncating, tl.where(kept, value, 0.0), p)
-
-
-@triton.jit
-def _tile(row, index, mask, row_max, row_inverse_norm, inverse_temperature, LOGITS: tl.constexpr):
-    """Keys and fixed-point weights of a tile of each row's probabilities (padding lanes: key -1, weight 0)."""
-    cleaned = clean_probability(row_probabilities(row, index, mask, row_max, row_inverse_norm,
-                                                  inverse_temperature, LOGITS))
-    return tl.where(mask, probability_key(cleaned), -1), fixed_point(cleaned)
-
-
-@triton.jit
-def _mass_at_least(row, searching, floor, row_max, row_inverse_norm, inverse_temperature, vocab_size,
-                   LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Split sums of the weights of the tokens with ``key >= floor`` (``[ROWS, 1]`` row pointers)."""
-    vocab = tl.arange(0, BLOCK_V)[None, :]
-    high = tl.zeros((ROWS,), tl.int64)
-    low = tl.zeros((ROWS,), tl.int64)
-    for start in range(0, vocab_size, BLOCK_V):
-        index = start + vocab
-        key, weight = _tile(row, index, searching[:, None] & (index < vocab_size), row_max, row_inverse_norm,
-                            inverse_temperature, LOGITS)
-        tile_high, tile_low = split_sums(tl.where(key >= floor[:, None], weight, 0))
-        high += tile_high
-        low += tile_low
-    return high, low
+def _column_zero(tile):
+    """Column 0 of a measure's ``[ROWS, CANDIDATES]`` tile (the ``MAX_KEY`` / ``MASS`` result)."""
+    return tl.sum(tl.where(tl.arange(0, CANDIDATES)[None, :] == 0, tile, 0), axis=1)
 
 
 @triton.jit
 def _largest_key(row, searching, floor, goal_count, goal_mass, row_max, row_inverse_norm, inverse_temperature,
-                 vocab_size, BY_MASS: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
-                 SEARCH_BLOCK: tl.constexpr):
+                 vocab_size, records, first_stage, chunks_per_split, num_splits, timeouts_ptr,
+                 BY_MASS: tl.constexpr, STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
+                 BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """Per searching row, the largest ``tau`` with ``m(max(tau, floor)) >= goal`` (see the module docstring).
 
     ``m`` is the count (``goal_count``, int32) or, ``BY_MASS``, the mass
     compared in float64 (``goal_mass``). The goal must hold at ``tau = 0``.
-    Rows not searching get 0.
+    Rows not searching get 0. Step ``s`` is stage ``first_stage + s``.
     """
-    digit_ids = tl.arange(0, _CANDIDATES)[None, :]
-    digits = digit_ids[:, :, None]
-    vocab = tl.arange(0, SEARCH_BLOCK)[None, None, :]
+    digit_ids = tl.arange(0, CANDIDATES)[None, :]
     found = tl.zeros((ROWS,), tl.int32)
     for step in range(0, _STEPS):
         shift = tl.maximum(_KEY_BITS - (step + 1) * RADIX_BITS, 0)
         width = _KEY_BITS - step * RADIX_BITS - shift  # the last step takes the bits left
-        candidates = found[:, None, None] | (digits << shift)
-        in_width = digit_ids < (1 << width)
-        bounds = tl.maximum(candidates, floor[:, None, None])
-        count = tl.zeros((ROWS, _CANDIDATES), tl.int32)
-        high = tl.zeros((ROWS, _CANDIDATES), tl.int64)
-        low = tl.zeros((ROWS, _CANDIDATES), tl.int64)
-        for start in range(0, vocab_size, SEARCH_BLOCK):
-            index = start + vocab
-            key, weight = _tile(row[:, :, None], index, searching[:, None, None] & (index < vocab_size),
-                                row_max[:, :, None], row_inverse_norm[:, :, None], inverse_temperature[:, :, None],
-                                LOGITS)
-            reaches = key >= bounds
-            if BY_MASS:
-                high += tl.sum(tl.where(reaches, weight >> 31, 0), axis=2)
-                low += tl.sum(tl.where(reaches, weight & 2147483647, 0), axis=2)
-            else:
-                count += tl.sum(reaches.to(tl.int32), axis=2)
+        candidates = tl.maximum(found[:, None] | (digit_ids << shift), floor[:, None])
+        first, second = measured(row, searching, candidates, floor, row_max, row_inverse_norm, inverse_temperature,
+                                 vocab_size, records, first_stage + step, chunks_per_split, num_splits,
+                                 timeouts_ptr, MASSES if BY_MASS else COUNTS, STAGED, LOGITS, ROWS, BLOCK_V,
+                                 SEARCH_BLOCK)
         if BY_MASS:
-            mass = high.to(tl.float64) * 2147483648.0 + low.to(tl.float64)
-            reached = mass >= goal_mass[:, None]
+            reached = first.to(tl.float64) * 2147483648.0 + second.to(tl.float64) >= goal_mass[:, None]
         else:
-            reached = count >= goal_count[:, None]
-        best = tl.max(tl.where(reached & in_width, digit_ids, 0), axis=1)
+            reached = first >= goal_count[:, None]
+        best = tl.max(tl.where(reached & (digit_ids < (1 << width)), digit_ids, 0), axis=1)
         found = tl.where(searching, found | (best << shift), found)
     return found
+
+
+@triton.jit
+def _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
+                inverse_temperature, vocab_size, records, chunks_per_split, num_splits, timeouts_ptr,
+                STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+                SEARCH_BLOCK: tl.constexpr):
+    """:func:`row_truncation`, its passes whole-row or staged (``kernels/truncation_stages.py``).
+
+    Staged, a search runs where any of the ``ROWS`` rows needs it: the rows
+    are one request's, so every program of it runs the same stages.
+    """
+    no_candidates = tl.zeros((ROWS, CANDIDATES), tl.int32)
+    threshold = tl.zeros((ROWS,), tl.int32)
+    first, _ = measured(row, truncating, no_candidates, threshold, row_max, row_inverse_norm, inverse_temperature,
+                        vocab_size, records, _MAX_KEY_STAGE, chunks_per_split, num_splits, timeouts_ptr,
+                        MAX_KEY, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+    max_key = _column_zero(first).to(tl.int32)
+    searching_k = truncating & k_on
+    if tl.max(searching_k.to(tl.int32), axis=0) > 0:
+        threshold = _largest_key(row, searching_k, threshold, top_k, top_p.to(tl.float64), row_max,
+                                 row_inverse_norm, inverse_temperature, vocab_size, records, _TOP_K_STAGE,
+                                 chunks_per_split, num_splits, timeouts_ptr, False, STAGED, LOGITS, ROWS, BLOCK_V,
+                                 SEARCH_BLOCK)
+    searching_p = truncating & p_on
+    if tl.max(searching_p.to(tl.int32), axis=0) > 0:
+        high, low = measured(row, searching_p, no_candidates, threshold, row_max, row_inverse_norm,
+                             inverse_temperature, vocab_size, records, _GOAL_STAGE, chunks_per_split, num_splits,
+                             timeouts_ptr, MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+        goal = top_p.to(tl.float64) * (_column_zero(high).to(tl.float64) * 2147483648.0
+                                       + _column_zero(low).to(tl.float64))
+        threshold_p = _largest_key(row, searching_p, threshold, top_k, goal, row_max, row_inverse_norm,
+                                   inverse_temperature, vocab_size, records, _TOP_P_STAGE, chunks_per_split,
+                                   num_splits, timeouts_ptr, True, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+        # A goal of 0 is reached by every tau: keep the largest probability and its ties.
+        threshold = tl.where(searching_p, tl.maximum(threshold, tl.minimum(threshold_p, max_key)), threshold)
+    scaled = tl.minimum(min_p, 1.0) * max_key.to(tl.float32, bitcast=True)
+    threshold = tl.where(truncating & min_p_on, tl.maximum(threshold, probability_key(clean_probability(scaled))),
+                         threshold)
+    high, low = measured(row, truncating, no_candidates, threshold, row_max, row_inverse_norm, inverse_temperature,
+                         vocab_size, records, _KEPT_STAGE, chunks_per_split, num_splits, timeouts_ptr,
+                         MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+    return threshold, tl.where(truncating, normaliser_reciprocal(_column_zero(high), _column_zero(low)), 1.0)
 
 
 @triton.jit
 def row_truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
                    inverse_temperature, vocab_size, LOGITS: tl.constexpr, ROWS: tl.constexpr,
                    BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
-    """``(threshold, reciprocal)`` of each truncating row; the rest get ``(0, 1)``.
+    """``(threshold, reciprocal)`` of each truncating row, each row read whole by this program; the rest get
+    ``(0, 1)``.
 
     ``row`` and the statistics ``row_max``, ``row_inverse_norm``,
     ``inverse_temperature`` are ``[ROWS, 1]``; the parameters ``[ROWS]``.
@@ -168,30 +170,18 @@ def row_truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, r
     ``_sampling.normalise``. With ``LOGITS`` the rows' ``(max, 1 / sum)``
     statistics must be those of the softmax at ``1 / T``.
     """
-    vocab = tl.arange(0, BLOCK_V)[None, :]
-    max_key = tl.zeros((ROWS,), tl.int32)
-    for start in range(0, vocab_size, BLOCK_V):
-        index = start + vocab
-        key, _ = _tile(row, index, truncating[:, None] & (index < vocab_size), row_max, row_inverse_norm,
-                       inverse_temperature, LOGITS)
-        max_key = tl.maximum(max_key, tl.max(key, axis=1))
-    threshold = tl.zeros((ROWS,), tl.int32)
-    searching_k = truncating & k_on
-    if tl.max(searching_k.to(tl.int32), axis=0) > 0:
-        threshold = _largest_key(row, searching_k, threshold, top_k, top_p.to(tl.float64), row_max,
-                                 row_inverse_norm, inverse_temperature, vocab_size, False, LOGITS, ROWS, SEARCH_BLOCK)
-    searching_p = truncating & p_on
-    if tl.max(searching_p.to(tl.int32), axis=0) > 0:
-        high, low = _mass_at_least(row, searching_p, threshold, row_max, row_inverse_norm, inverse_temperature,
-                                   vocab_size, LOGITS, ROWS, BLOCK_V)
-        goal = top_p.to(tl.float64) * (high.to(tl.float64) * 2147483648.0 + low.to(tl.float64))
-        threshold_p = _largest_key(row, searching_p, threshold, top_k, goal, row_max, row_inverse_norm,
-                                   inverse_temperature, vocab_size, True, LOGITS, ROWS, SEARCH_BLOCK)
-        # A goal of 0 is reached by every tau: keep the largest probability and its ties.
-        threshold = tl.where(searching_p, tl.maximum(threshold, tl.minimum(threshold_p, max_key)), threshold)
-    scaled = tl.minimum(min_p, 1.0) * max_key.to(tl.float32, bitcast=True)
-    threshold = tl.where(truncating & min_p_on, tl.maximum(threshold, probability_key(clean_probability(scaled))),
-                         threshold)
-    high, low = _mass_at_least(row, truncating, threshold, row_max, row_inverse_norm, inverse_temperature,
-                               vocab_size, LOGITS, ROWS, BLOCK_V)
-    return threshold, tl.where(truncating, normaliser_reciprocal(high, low), 1.0)
+    return _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
+                       inverse_temperature, vocab_size, 0, 0, 0, 0, False, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+
+
+@triton.jit
+def staged_truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
+                      inverse_temperature, vocab_size, records, chunks_per_split, num_splits, timeouts_ptr,
+                      LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
+    """:func:`row_truncation` of ``ROWS`` rows of ONE request, every pass shared by the request's
+    ``num_splits`` programs through its stage records ``records`` (``kernels/truncation_stages.py``; slices of
+    ``chunks_per_split`` chunks of ``BLOCK_V`` tokens). Every program of the request must call it, with the same
+    parameters; the bits are :func:`row_truncation`'s."""
+    return _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
+                       inverse_temperature, vocab_size, records, chunks_per_split, num_splits, timeouts_ptr, True,
+                       LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)

@@ -16,6 +16,13 @@ CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py); a program's s
 # The truncation search measures 2**RADIX_BITS candidates per element
 # (kernels/truncation.py): its vocabulary tile is that much narrower on GPUs.
 SEARCH_CANDIDATES = 16
+# Stage records of the staged plan (kernels/chain_verify_stages.py): NUM_STAGES records per request, each a
+# 16-word header line and [BLOCK_K1, SEARCH_CANDIDATES, 2] int64 partials (kernels/truncation_stages.py).
+STAGES_PER_REQUEST = 20
+STAGE_HEADER_WORDS = 16
+# Truncating launches whose rows would be split share each row's truncation search among the programs of a
+# request (the staged plan); False makes them walk whole rows, one slice per row (tests compare the two).
+STAGED_TRUNCATION = True
 
 
 class Limits(NamedTuple):
@@ -48,10 +55,34 @@ def num_warps(truncate: bool) -> int:
 
 
 def truncation_limits(limits: Limits, gpu: bool) -> Limits:
-    """Limits with top-k/top-p/min-p: a threshold needs whole rows (kernels/truncation.py), so one slice
-    per row; on GPUs one request per program, as the tree kernel (with 32 requests a program at V = 8 the
-    walk and search state spilled 192 bytes)."""
+    """Limits of the walk plan with top-k/top-p/min-p: a program reads whole rows (kernels/truncation.py), so
+    one slice per row; on GPUs one request per program, as the tree kernel (with 32 requests a program at V = 8
+    the walk and search state spilled 192 bytes)."""
     return limits._replace(max_splits=1, max_rows=1 if gpu else None)
+
+
+def stage_record_words(block_k1: int) -> int:
+    """int64 words of one stage record (``record_words`` in kernels/truncation_stages.py)."""
+    return STAGE_HEADER_WORDS + block_k1 * SEARCH_CANDIDATES * 2
+
+
+def truncation_config(batch_size: int, rows_per_request: int, vocab_size: int, multiprocessors: int | None,
+                      limits: Limits) -> tuple[LaunchConfig, bool]:
+    """``(config, staged)`` of a truncating launch.
+
+    Where the untruncated plan splits rows (small batches, ``V > 1024``; one
+    request per program, as its GPU tiles give), the staged plan keeps its
+    slices and shares each truncation pass among a request's programs: at
+    ``B = 1``, ``V = 128256`` the walk plan left one SM doing every pass of
+    the search (about 30x the untruncated time, issue 11). Its search tile
+    holds the ``K + 1`` rows of the request at once. Otherwise the walk plan.
+    """
+    config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits._replace(max_rows=1))
+    if STAGED_TRUNCATION and config.num_splits > 1:
+        search_block = max(1, min(config.block_v, limits.search_tile // (config.block_k1 * SEARCH_CANDIDATES)))
+        return config._replace(search_block=search_block), True
+    return launch_config(batch_size, rows_per_request, vocab_size, multiprocessors,
+                         truncation_limits(limits, multiprocessors is not None)), False
 
 
 class LaunchConfig(NamedTuple):
@@ -107,7 +138,9 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     reservation for the largest sizes covers every smaller call (the slice
     count is not monotone in ``B``, so the statistics are sized by a bound).
     Chunk results are ``[B, chunks]``, statistics
-    ``[B, BLOCK_K1, SPLITS]``; counters are left at zero by every call, and
+    ``[B, BLOCK_K1, SPLITS]``; the staged plan's stage records (``stage_counters``,
+    ``[B, 20, 16 + 32 * BLOCK_K1]`` int64, for ``B < 2 * SMs`` at most) and the
+    counters are left at zero by every call, and
     ``timeout_counter`` counts waits that gave up (0 unless something is
     badly wrong; named a counter so that checks for counters at zero see it).
     """
@@ -124,6 +157,11 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
         request_slices = min(request_slices, batch_size + 2 * multiprocessors)
     stat_slots = next_power_of_2(rows_per_request) * request_slices
     logit_slots = stat_slots if logits else 1
+    # Stage records: only a split row needs them (V > 1024), and on a GPU rows split only while B < 2 * SMs.
+    staged_requests = batch_size if multiprocessors is None else min(batch_size, 2 * multiprocessors)
+    if num_chunks == 1:
+        staged_requests = 0
+    stage_words = max(1, staged_requests * STAGES_PER_REQUEST * stage_record_words(next_power_of_2(rows_per_request)))
     return {
         "chain_verify.chunk_total": (chunk_slots, torch.int64),
         "chain_verify.chunk_pick": (chunk_slots, torch.int32),
@@ -136,6 +174,7 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
         "chain_verify.wave1_arrivals": (batch_size, torch.int32),
         "chain_verify.arrivals": (batch_size, torch.int32),
         "chain_verify.timeout_counter": (1, torch.int32),
+        "chain_verify.stage_counters": (stage_words, torch.int64),
     }
 
 
@@ -204,12 +243,15 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     truncate = top_k is not None or top_p is not None or min_p is not None
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
-    config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors,
-                           truncation_limits(limits, multiprocessors is not None) if truncate else limits)
+    if truncate:
+        config, staged = truncation_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits)
+    else:
+        config, staged = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits), False
     row_blocks = cdiv(batch_size, config.rows)
-    # Logits (or truncation) with one slice per row walk the rows in one wave; logits with several, two waves.
+    # Logits (or truncation) with one slice per row walk the rows in one wave; logits with several, two waves,
+    # unless staged (the normalisers are stage 0).
     walk = (logits or truncate) and config.num_splits == 1
-    waves = 2 if logits and not walk else 1
+    waves = 2 if logits and not walk and not staged else 1
     # Triton launches on the current device: make it the tensors' device.
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -232,7 +274,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None, PACKED=packed,
             HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
             SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
-            OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, WALK=walk,
+            OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, WALK=walk, STAGED=staged,
             HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
             TRUNCATE=truncate, HAS_BONUS=bonus_token_ids is not None,
             SEARCH_BLOCK=config.search_block,

@@ -28,7 +28,11 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
     batch_size, max_draft_tokens, vocab_size : int
         The largest ``B``, ``K`` and ``V`` of the calls to come.
     logits : bool
-        Whether the calls pass logits (they need more scratch).
+        Whether the calls pass logits (they need more scratch). Truncating
+        calls (``top_k`` / ``top_p`` / ``min_p``) need no flag: the Triton
+        chain kernel's stage records (``20 * (16 + 32 * next_pow2(K + 1))``
+        int64 per request, for at most twice as many requests as the GPU
+        has SMs) are always reserved.
     trees : bool
         Also reserve for ``tree_verify`` calls of up to ``batch_size``
         requests over ``vocab_size`` tokens: its scratch rows are

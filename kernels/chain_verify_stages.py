@@ -1,0 +1,104 @@
+"""The staged plan of ``kernels/chain_verify.py``: a request's whole-row passes shared by its programs.
+
+Used when a launch truncates (top-k / top-p / min-p) and its batch is small
+enough to split rows over programs (``launchers/chain_verify.py``). A
+program holds one request and one fixed slice of its vocabulary; the passes
+that need whole rows before anything can be decided are *stages*, shared
+through the request's stage records (``kernels/truncation_stages.py``:
+take slices from the record's counter, add, publish, wait for all):
+
+0. logits only: per-slice ``(max, sum exp)`` (and argmax) of the target
+   rows ``0..n_b`` and the sampled requests' draft rows ``0..n_b - 1``,
+   stored at ``[request, position, slice]``; every program combines them
+   in slice order (floats: never combined atomically).
+1. .. 19. the truncation search of every target row a decision may need
+   (``kernels/truncation.py``, stage numbers there), all rows at once.
+
+A record is ``record_words(BLOCK_K1)`` int64 and a request has
+``NUM_STAGES`` of them; the request's last program to finish zeroes them.
+"""
+
+import triton
+import triton.language as tl
+
+from .chain_verify_rows import row_at, scan_statistics
+from .tree_verify_stages import publish, take_slice, wait_for_stage
+from .truncation import NUM_STAGES, staged_truncation
+from .truncation_stages import clear_records, record_words
+
+_NORMALISER_STAGE = tl.constexpr(0)
+
+
+@triton.jit
+def request_records(stages_ptr, request, BLOCK_K1: tl.constexpr):
+    """The first stage record of ``request`` (a scalar index)."""
+    return stages_ptr + request.to(tl.int64) * (NUM_STAGES * record_words(BLOCK_K1))
+
+
+@triton.jit
+def staged_statistics(
+    records, target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
+    requests, active, sampled, num_drafts, inverse_temperature, num_chunks, chunks_per_split, num_splits,
+    max_drafts, vocab_size, stride_target_k, stride_draft_k, timeouts_ptr,
+    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Stage 0: the per-slice statistics of every slice of the request, complete when this returns."""
+    record = records + _NORMALISER_STAGE * record_words(BLOCK_K1)
+    measured_slices = 0
+    taken = take_slice(record)
+    while taken < num_splits:
+        split = taken.to(tl.int32)  # the record's counter is int64; vocabulary indices stay 32-bit
+        chunk_lo = split * chunks_per_split
+        scan_statistics(
+            target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
+            requests, active, active, sampled, num_drafts, inverse_temperature,
+            split, num_splits, max_drafts, chunk_lo * BLOCK_V,
+            tl.minimum(tl.minimum(chunk_lo + chunks_per_split, num_chunks) * BLOCK_V, vocab_size),
+            stride_target_k, stride_draft_k, LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
+        )
+        measured_slices += 1
+        taken = take_slice(record)
+    publish(record, measured_slices)
+    wait_for_stage(record, num_splits, timeouts_ptr)
+
+
+@triton.jit
+def staged_thresholds(
+    records, target_rows, truncating, num_drafts, top_k, top_p, min_p, k_on, p_on, min_p_on, target_max,
+    target_inverse_norm, inverse_temperature, vocab_size, chunks_per_split, num_splits, stride_target_k,
+    timeouts_ptr, LOGITS: tl.constexpr, HAS_BONUS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
+):
+    """``(threshold, reciprocal)`` ``[1, BLOCK_K1]`` of the one request's target rows, staged.
+
+    The rows are ``0..n_b`` (acceptance tests and any stop row), or
+    ``0..n_b - 1`` with bonus ids (row ``n_b`` is then never sampled): all
+    at once, since the stop is unknown until the thresholds are; rows past
+    the stop are read for nothing, the price of not deciding row by row.
+    Arguments are the request's ``[1]`` values and ``[1, BLOCK_K1]``
+    normalisers; every program of the request takes the same stages.
+    """
+    positions = tl.arange(0, BLOCK_K1)
+    last_row = tl.broadcast_to(num_drafts, (BLOCK_K1,))
+    if HAS_BONUS:
+        last_row = last_row - 1
+    searching = (tl.broadcast_to(truncating, (BLOCK_K1,)) != 0) & (positions <= last_row)
+    threshold = tl.zeros((BLOCK_K1,), tl.int32)
+    reciprocal = tl.full((BLOCK_K1,), 1.0, tl.float64)
+    if tl.max(searching.to(tl.int32), axis=0) > 0:
+        rows = row_at(tl.broadcast_to(target_rows, (BLOCK_K1,)), positions, stride_target_k)
+        threshold, reciprocal = staged_truncation(
+            rows[:, None], searching, tl.broadcast_to(top_k, (BLOCK_K1,)), tl.broadcast_to(top_p, (BLOCK_K1,)),
+            tl.broadcast_to(min_p, (BLOCK_K1,)), tl.broadcast_to(k_on, (BLOCK_K1,)),
+            tl.broadcast_to(p_on, (BLOCK_K1,)), tl.broadcast_to(min_p_on, (BLOCK_K1,)),
+            tl.reshape(target_max, (BLOCK_K1, 1)), tl.reshape(target_inverse_norm, (BLOCK_K1, 1)),
+            tl.broadcast_to(inverse_temperature, (BLOCK_K1,))[:, None], vocab_size, records, chunks_per_split,
+            num_splits, timeouts_ptr, LOGITS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
+    return tl.reshape(threshold, (1, BLOCK_K1)), tl.reshape(reciprocal, (1, BLOCK_K1))
+
+
+@triton.jit
+def clear_request_records(records, BLOCK_K1: tl.constexpr):
+    """Zero the request's records (its last program, after every program read them)."""
+    clear_records(records, NUM_STAGES, BLOCK_K1)
