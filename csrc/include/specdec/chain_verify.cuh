@@ -250,12 +250,13 @@ namespace chain_verify_detail {
 
 #if defined(__CUDACC__)
 // Two resident blocks per SM, the launcher's target (a 128-register cap).
-template <class Prob, class Token>
+// kStaged: the staged truncation plan (plan.staged).
+template <class Prob, class Token, bool kStaged>
 __global__ void __launch_bounds__(DeviceBlock::kThreads, 2) chain_verify_kernel(const ChainVerifyParams params) {
   __shared__ DeviceBlock::Shared shared;
   __shared__ TruncationHistogram histogram;
   const DeviceBlock block = {&shared};
-  chain_verify_block<DeviceBlock, Prob, Token>(block, params, static_cast<int64_t>(blockIdx.x), &histogram);
+  chain_verify_block<DeviceBlock, Prob, Token, kStaged>(block, params, static_cast<int64_t>(blockIdx.x), &histogram);
 }
 #endif  // __CUDACC__
 

@@ -258,9 +258,20 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RequestRows request_rows(const ChainVeri
   return {start, start + b, count < max_drafts ? count : max_drafts};
 }
 
+// Request b's stage records in the staged plan.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE StagedRecords staged_records(const ChainVerifyParams& params, int64_t b) {
+  const ChainVerifyArgs& args = params.args;
+  const int64_t rows = static_cast<int64_t>(args.max_drafts) + 1;
+  return {args.stages + b * chain_stage_request_words(rows), rows, params.plan.num_splits, params.plan.chunks_per_split,
+          args.vocab_size, args.counters + kChainErrorWord};
+}
+
 // One block: its role (wave, request, split) from its linear id, or from a
 // ticket when some blocks wait on others (chain_verify.cuh, "Waiting").
-template <class Block, class Prob, class Token>
+// kStaged: the staged plan's program (plan.staged), a kernel of its own: it
+// has no walk and no second wave, and the two together spilled at the
+// 128-register cap (sm_90a).
+template <class Block, class Prob, class Token, bool kStaged>
 SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerifyParams& params, int64_t block_index,
                                             TruncationHistogram* histogram) {
   const ChainVerifyArgs& args = params.args;
@@ -317,20 +328,13 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
       reinterpret_cast<int32_t*>(args.workspace + chain_verify_chunk_words(args.batch_size, args.vocab_size)) +
           b * num_splits * stats_words,
       stats_words};
-  const int64_t stage_rows = max_drafts + 1;
-  const StagedRecords staged = {plan.staged ? args.stages + b * chain_stage_request_words(stage_rows) : nullptr,
-                                stage_rows,
-                                num_splits,
-                                plan.chunks_per_split,
-                                args.vocab_size,
-                                counters + kChainErrorWord};
   int32_t* arrivals = counters + kChainFirstArrivalWord + b;
   int32_t* error = counters + kChainErrorWord;
   const int32_t arrivals_per_call = static_cast<int32_t>((plan.two_waves ? 2 : 1) * num_splits);
   int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
 
   if (request.greedy) {
-    if (num_splits == 1) {
+    if (!kStaged && num_splits == 1) {
       write_outputs(block, request, max_drafts, walk_greedy(block, request, args.logits), output_row,
                     args.num_accepted + b);
       return;
@@ -351,7 +355,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     return;
   }
 
-  if (plan.two_waves && wave == 0) {
+  if (!kStaged && plan.two_waves && wave == 0) {
     record_slice_stats(block, request, stat_slots, split, vocab_lo, vocab_hi, last_recorded_row + 1);
     block.arrive(arrivals);  // never the last: wave 2 arrives after all of wave 1
     return;
@@ -359,9 +363,13 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
 
   const RequestKey key = load_request_key(args.rng, b);
   Decision decision = {num_drafts, {empty_stats(), empty_stats()}, no_truncation()};
-  const bool staged_request = plan.staged && (args.logits || request.truncating);
-  if (staged_request) {
-    decision = staged_decision(block, request, key, args.logits, stat_slots, staged, histogram, last_recorded_row + 1);
+  if constexpr (kStaged) {
+    if (args.logits || request.truncating) {
+      decision = staged_decision(block, request, key, args.logits, stat_slots, staged_records(params, b), histogram,
+                                 last_recorded_row + 1);
+    } else {
+      decision.stop = decide_probabilities(block, request, key);
+    }
   } else if (args.logits ? num_splits == 1 : request.truncating) {
     decision = walk_rows(block, request, key, args.logits, histogram);  // one split: the plan's with truncation
   } else if (!args.logits) {
@@ -396,9 +404,13 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   }
   if (block.arrive(arrivals) != arrivals_per_call - 1) return;
   block.reset(arrivals);
-  if (staged_request) {
-    // Every block read the records before arriving: the stages used go back to zero.
-    clear_records(block, staged, request.truncating ? chain_stage_request_words(staged.rows) : kStageWords);
+  if constexpr (kStaged) {
+    // Every block read the records before arriving: the stages used go back
+    // to zero. What was used is found again from the arguments rather than
+    // kept live through the sample pass (at the 128-register cap that spilled).
+    const bool truncated = load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size).any();
+    const StagedRecords staged = staged_records(params, b);
+    clear_records(block, staged, truncated ? chain_stage_request_words(staged.rows) : (args.logits ? kStageWords : 0));
   }
   const int64_t token = takes_bonus ? request.bonus_token
                                     : finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);

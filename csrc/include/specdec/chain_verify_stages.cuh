@@ -159,15 +159,16 @@ SPECDEC_HOST_DEVICE void staged_search(const Block& block, TruncationHistogram* 
                                        const StagedRecords& staged, int64_t num_rows, int first_stage, bool by_mass,
                                        const LoadOf& load_of, const GoalOf& goal_of) {
   namespace detail = truncation_detail;
-  for (int pass = 0; pass < kRadixPasses; ++pass) {
-    const int stage = first_stage + pass;
+  int stage = first_stage;
+  for (int top = kKeyBits; top > 0; top -= kRadixBits, ++stage) {
+    const detail::RadixPass pass = detail::radix_pass_below(top);
     const auto state_before = [&](int64_t row) {
-      return pass == 0 ? detail::radix_start() : recorded_state(staged.payload(stage - 1, row));
+      return stage == first_stage ? detail::radix_start() : recorded_state(staged.payload(stage - 1, row));
     };
     run_stage(block, staged, stage, [&](int64_t, int64_t lo, int64_t hi) {
       for (int64_t row = 0; row < num_rows; ++row) {
-        detail::measure_pass<kTruncationSpan>(block, histogram, lo, hi, load_of(row), state_before(row),
-                                              detail::radix_pass(pass), by_mass);
+        detail::measure_pass<kTruncationSpan>(block, histogram, lo, hi, load_of(row), state_before(row).found, pass,
+                                              by_mass);
         // Only nonzero bins: most digits of a pass past the first hold no
         // token of the prefix, and global atomics are the stage's cost.
         uint64_t* bins = reinterpret_cast<uint64_t*>(staged.payload(stage, row));
@@ -186,7 +187,7 @@ SPECDEC_HOST_DEVICE void staged_search(const Block& block, TruncationHistogram* 
       }
       block.sync();
       const detail::RadixState state =
-          detail::choose_digit(block, histogram, state_before(row), detail::radix_pass(pass), goal_of(row));
+          detail::choose_digit(block, histogram, state_before(row), pass, goal_of(row));
       if (block.thread() == 0) {
         int64_t* payload = staged.payload(stage, row);
         payload[kRadixStateWord] = static_cast<int64_t>(state.found);

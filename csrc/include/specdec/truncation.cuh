@@ -165,10 +165,14 @@ struct RadixPass {
   int top, shift, num_digits;
 };
 
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RadixPass radix_pass(int pass) {
-  const int top = kKeyBits - kRadixBits * pass;
+// The pass whose highest bit is top - 1.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RadixPass radix_pass_below(int top) {
   const int shift = top > kRadixBits ? top - kRadixBits : 0;
   return {top, shift, 1 << (top - shift)};
+}
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RadixPass radix_pass(int pass) {
+  return radix_pass_below(kKeyBits - kRadixBits * pass);
 }
 
 // A search between passes: the key bits found so far and the measure of the
@@ -182,11 +186,11 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RadixState radix_start() { return {0u, {
 
 // Measures one pass: the bins of `histogram` get, per digit of the pass's
 // bits, the count (by_mass false) or the split mass of the tokens of [lo, hi)
-// whose higher bits are state.found's. The measuring code of the whole-row
+// whose higher bits are found's. The measuring code of the whole-row
 // search and of chain_verify's staged one (a slice per block).
 template <int kWidth, class Block, class Load>
 SPECDEC_HOST_DEVICE void measure_pass(const Block& block, TruncationHistogram* histogram, int64_t lo, int64_t hi,
-                                      const Load& load, RadixState state, RadixPass pass, bool by_mass) {
+                                      const Load& load, uint32_t found, RadixPass pass, bool by_mass) {
   block.sync();  // the previous reads of the bins are over
   for (int digit = block.thread(); digit < kRadixBins; digit += block.num_threads()) {
     histogram->high31[digit] = 0;
@@ -195,7 +199,7 @@ SPECDEC_HOST_DEVICE void measure_pass(const Block& block, TruncationHistogram* h
   block.sync();
   for_each_token<kWidth>(block, lo, hi, load, [&](int32_t key, uint64_t weight) {
     const uint32_t bits = static_cast<uint32_t>(key);
-    if ((bits >> pass.top) != (state.found >> pass.top)) return;
+    if ((bits >> pass.top) != (found >> pass.top)) return;
     const uint32_t digit = (bits >> pass.shift) & static_cast<uint32_t>(pass.num_digits - 1);
     const uint64_t measure = by_mass ? weight : 1;
     if (measure >> 31) block_atomic_add(&histogram->high31[digit], measure >> 31);
@@ -241,9 +245,12 @@ template <int kWidth, class Block, class Load>
 SPECDEC_HOST_DEVICE int32_t largest_key(const Block& block, TruncationHistogram* histogram, int64_t vocab_size,
                                         const Load& load, double goal, bool by_mass) {
   RadixState state = radix_start();
-  for (int pass = 0; pass < kRadixPasses; ++pass) {
-    measure_pass<kWidth>(block, histogram, 0, vocab_size, load, state, radix_pass(pass), by_mass);
-    state = choose_digit(block, histogram, state, radix_pass(pass), goal);
+  // A loop over `top`, not over the pass index: the latter spilled 28 bytes
+  // in chain_verify's kernel at its 128-register cap (sm_90a).
+  for (int top = kKeyBits; top > 0; top -= kRadixBits) {
+    const RadixPass pass = radix_pass_below(top);
+    measure_pass<kWidth>(block, histogram, 0, vocab_size, load, state.found, pass, by_mass);
+    state = choose_digit(block, histogram, state, pass, goal);
   }
   return static_cast<int32_t>(state.found);
 }
