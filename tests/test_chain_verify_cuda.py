@@ -456,7 +456,8 @@ def test_host_program_a_set_error_flag_never_disturbs_a_later_larger_batch():
 def test_host_program_sampling_parameters_match_reference_bitwise(with_draft, parameters):
     """Greedy requests mixed in, ragged counts, invalid ids; V = 111 (one chunk), 2100 (three, the last
     partial) and quantised rows (ties at every threshold); every seed/offset form. A forced split count must
-    not change anything: the truncation plan has one block per request, bonus ids keep the split."""
+    not change anything: batches that split their rows take the staged truncation plan
+    (test_chain_verify_staged_cuda.py), the others one block per request; bonus ids alone keep the split."""
     cases = [
         make_case(9, 4, 111, seed=31, with_draft=with_draft),
         make_case(6, 3, 2100, seed=32, with_draft=with_draft, greedy_fraction=0.4),

@@ -42,6 +42,8 @@ def test_staged_matches_reference_bitwise(with_draft, parameters):
         for num_splits in (0, 4):
             assert_same(run_op(case, seed, offset, num_splits), expected,
                         f"{parameters} case {index} splits={num_splits}")
+        # Without records the same call walks the rows with one block per request.
+        assert_same(run_op(case, seed, offset, staged=False), expected, f"{parameters} case {index} walk")
 
 
 @needs_op
@@ -97,6 +99,20 @@ def test_staged_dirty_records_are_reported_instead_of_hanging():
             3, case["top_k"], case["top_p"], case["min_p"], stages=stages)
     assert arrivals.tolist() == [0, 1] + [0] * batch_size
     assert not stages.any()
+
+
+def test_reserve_workspace_includes_the_stage_records(monkeypatch):
+    """``sk.reserve_workspace`` reserves the CUDA call's scratch, stage records included (CUDA-graph capture)."""
+    import specdec_kernels as sk
+    from specdec_kernels import _backend, _workspace
+
+    reserved = {}
+    monkeypatch.setattr(_backend, "available",
+                        lambda op_name, backend, device: (op_name, backend) == ("chain_verify", "cuda"))
+    monkeypatch.setattr(_workspace, "reserve", lambda device, specs, **options: reserved.update(specs))
+    sk.reserve_workspace("cpu", batch_size=3, max_draft_tokens=4, vocab_size=5000)
+    assert reserved == launcher.cuda_workspace_specs(3, 5, 5000, False, "cpu")
+    assert reserved["chain_verify_cuda.stages"][0] == launcher.cuda_stage_words(3, 5)
 
 
 @pytest.mark.parametrize("multiprocessors", [None, 132])
