@@ -314,6 +314,7 @@ struct ChainVerifyTensors {
   int64_t num_splits;
   int64_t max_drafts;  // packed: max_num_draft_tokens (padded: from the shape of `target`)
   SamplingParameterTensors sampling;
+  const std::optional<at::Tensor>& stages;  // the staged plan's records, or none (one block per truncated request)
 };
 
 // The sizes of one call, read from either layout.
@@ -414,6 +415,12 @@ ChainShapes check_chain_verify_args(const ChainVerifyTensors& t, const char* op)
                     "specdec_C::", op, ": `arrivals` must be a contiguous [N] tensor with N >= B + 2 = ",
                     batch_size + 2, ", got ", t.arrivals.sizes());
   check_same_device(t.arrivals, op, "arrivals", t.target, "target");
+  if (t.stages.has_value()) {
+    check_dtype(*t.stages, op, "stages", at::kLong);
+    TORCH_CHECK_VALUE(t.stages->dim() == 1 && t.stages->is_contiguous(), "specdec_C::", op,
+                      ": `stages` must be a contiguous [N] tensor, got ", t.stages->sizes());
+    check_same_device(*t.stages, op, "stages", t.target, "target");
+  }
   TORCH_CHECK_VALUE(t.num_splits >= 0, "specdec_C::", op, ": `num_splits` must be >= 0, got ", t.num_splits);
   check_token_rows(t.output_token_ids, op, "output_token_ids", "[B, K+1]", batch_size, shapes.max_drafts + 1,
                    t.target);
@@ -488,6 +495,10 @@ ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, const ChainS
   args.workspace = t.workspace.data_ptr<int64_t>();
   args.workspace_words = t.workspace.numel();
   args.counters = t.arrivals.data_ptr<int32_t>();
+  if (t.stages.has_value()) {
+    args.stages = t.stages->data_ptr<int64_t>();
+    args.stage_words = t.stages->numel();
+  }
   args.requested_splits = t.num_splits;
   args.batch_size = shapes.batch_size;
   args.max_drafts = static_cast<int32_t>(shapes.max_drafts);
@@ -498,7 +509,7 @@ ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, const ChainS
 bool any_symbolic(const ChainVerifyTensors& t) {
   return symbolic(t.draft_token_ids) || symbolic(t.cu_num_draft_tokens) || symbolic(t.target) || symbolic(t.draft) ||
          symbolic(t.num_draft_tokens) || symbolic(t.temperature) || symbolic(t.seed) || symbolic(t.offset) ||
-         symbolic(t.workspace) || symbolic(t.arrivals) || symbolic(t.output_token_ids) || symbolic(t.num_accepted);
+         symbolic(t.workspace) || symbolic(t.arrivals) || symbolic(t.output_token_ids) || symbolic(t.num_accepted) || symbolic(t.stages);
 }
 
 void chain_verify_meta_impl(const ChainVerifyTensors& t, const char* op) {
@@ -540,10 +551,11 @@ void chain_verify_meta(const at::Tensor& draft_token_ids, const at::Tensor& targ
                        const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
                        const at::Tensor& num_accepted, int64_t num_splits,
                        const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
-                       const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids) {
+                       const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids,
+                       const std::optional<at::Tensor>& stages) {
   chain_verify_meta_impl({draft_token_ids, kNoTensor, target, draft, num_draft_tokens, temperature, seed, offset,
                           workspace, arrivals, output_token_ids, num_accepted, num_splits, 0,
-                          {top_k, top_p, min_p, bonus_token_ids}},
+                          {top_k, top_p, min_p, bonus_token_ids}, stages},
                          "chain_verify");
 }
 
@@ -554,10 +566,11 @@ void chain_verify_cpu(const at::Tensor& draft_token_ids, const at::Tensor& targe
                       const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
                       const at::Tensor& num_accepted, int64_t num_splits,
                       const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
-                      const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids) {
+                      const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids,
+                       const std::optional<at::Tensor>& stages) {
   chain_verify_cpu_impl({draft_token_ids, kNoTensor, target, draft, num_draft_tokens, temperature, seed, offset,
                          workspace, arrivals, output_token_ids, num_accepted, num_splits, 0,
-                         {top_k, top_p, min_p, bonus_token_ids}},
+                         {top_k, top_p, min_p, bonus_token_ids}, stages},
                         "chain_verify", logits, seed_value, offset_value);
 }
 
@@ -568,10 +581,11 @@ void chain_verify_cuda(const at::Tensor& draft_token_ids, const at::Tensor& targ
                        const at::Tensor& workspace, const at::Tensor& arrivals, const at::Tensor& output_token_ids,
                        const at::Tensor& num_accepted, int64_t num_splits,
                        const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
-                       const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids) {
+                       const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids,
+                       const std::optional<at::Tensor>& stages) {
   chain_verify_cuda_impl({draft_token_ids, kNoTensor, target, draft, num_draft_tokens, temperature, seed, offset,
                           workspace, arrivals, output_token_ids, num_accepted, num_splits, 0,
-                          {top_k, top_p, min_p, bonus_token_ids}},
+                          {top_k, top_p, min_p, bonus_token_ids}, stages},
                          "chain_verify", logits, seed_value, offset_value);
 }
 
@@ -584,11 +598,12 @@ void chain_verify_packed_meta(const at::Tensor& draft_token_ids, const at::Tenso
                               const at::Tensor& output_token_ids, const at::Tensor& num_accepted, int64_t num_splits,
                               const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                               const std::optional<at::Tensor>& min_p,
-                              const std::optional<at::Tensor>& bonus_token_ids) {
+                              const std::optional<at::Tensor>& bonus_token_ids,
+                              const std::optional<at::Tensor>& stages) {
   const std::optional<at::Tensor> cu = cu_num_draft_tokens;
   chain_verify_meta_impl({draft_token_ids, cu, target, draft, kNoTensor, temperature, seed, offset, workspace,
                           arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens,
-                          {top_k, top_p, min_p, bonus_token_ids}},
+                          {top_k, top_p, min_p, bonus_token_ids}, stages},
                          "chain_verify_packed");
 }
 
@@ -600,11 +615,12 @@ void chain_verify_packed_cpu(const at::Tensor& draft_token_ids, const at::Tensor
                              const at::Tensor& workspace, const at::Tensor& arrivals,
                              const at::Tensor& output_token_ids, const at::Tensor& num_accepted, int64_t num_splits,
                              const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
-                             const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids) {
+                             const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids,
+                             const std::optional<at::Tensor>& stages) {
   const std::optional<at::Tensor> cu = cu_num_draft_tokens;
   chain_verify_cpu_impl({draft_token_ids, cu, target, draft, kNoTensor, temperature, seed, offset, workspace,
                          arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens,
-                         {top_k, top_p, min_p, bonus_token_ids}},
+                         {top_k, top_p, min_p, bonus_token_ids}, stages},
                         "chain_verify_packed", logits, seed_value, offset_value);
 }
 
@@ -617,11 +633,12 @@ void chain_verify_packed_cuda(const at::Tensor& draft_token_ids, const at::Tenso
                               const at::Tensor& output_token_ids, const at::Tensor& num_accepted, int64_t num_splits,
                               const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                               const std::optional<at::Tensor>& min_p,
-                              const std::optional<at::Tensor>& bonus_token_ids) {
+                              const std::optional<at::Tensor>& bonus_token_ids,
+                              const std::optional<at::Tensor>& stages) {
   const std::optional<at::Tensor> cu = cu_num_draft_tokens;
   chain_verify_cuda_impl({draft_token_ids, cu, target, draft, kNoTensor, temperature, seed, offset, workspace,
                           arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens,
-                          {top_k, top_p, min_p, bonus_token_ids}},
+                          {top_k, top_p, min_p, bonus_token_ids}, stages},
                          "chain_verify_packed", logits, seed_value, offset_value);
 }
 
@@ -1203,12 +1220,16 @@ TORCH_LIBRARY(specdec_C, m) {
   // counters: zero before the call and left zero after it, except the last,
   // an error flag set when a bounded wait gave up. `num_splits`: blocks per
   // request, 0 for the launcher's choice (tests force other counts).
+  // `stages` int64 [>= B * chain_stage_request_words(K + 1)] or None: the
+  // staged plan's records with top_k/top_p/min_p (chain_verify_stages.cuh),
+  // zero before the call and left zero; without it (or too small) a
+  // truncating call has one block per request.
   m.def(
       "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft, Tensor? num_draft_tokens, "
       "Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, int offset_value, "
       "Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, Tensor(d!) num_accepted, "
       "int num_splits=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-      "Tensor? bonus_token_ids=None) -> ()");
+      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None) -> ()");
   // The same on the packed layout (sk.chain_verify_packed): draft_token_ids
   // [T], cu_num_draft_tokens [B+1] (int32 or int64, read on the device),
   // target [T+B, V], draft [T, V] or None; the workspace and counters as for
@@ -1218,7 +1239,7 @@ TORCH_LIBRARY(specdec_C, m) {
       "int max_num_draft_tokens, Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, "
       "int offset_value, Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, "
       "Tensor(d!) num_accepted, int num_splits=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-      "Tensor? bonus_token_ids=None) -> ()");
+      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None) -> ()");
   // Tree metadata (include/specdec/build_tree.cuh): parents [B, N],
   // num_nodes and prefix_lens [B] or None, each int32 or int64. Returns mask
   // int32 [B, N, ceil(N/32)], depth int32 [B, N], positions int64 [B, N].

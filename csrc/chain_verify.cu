@@ -64,8 +64,13 @@ cudaError_t launch_chain_verify(const ChainVerifyArgs& args, cudaStream_t stream
   dispatch_dtypes(args, [&](auto prob, auto token) {
     using Prob = decltype(prob);
     using Token = decltype(token);
-    chain_verify_detail::chain_verify_kernel<Prob, Token>
-        <<<static_cast<unsigned>(blocks), DeviceBlock::kThreads, 0, stream>>>(params);
+    if (params.plan.staged) {
+      chain_verify_detail::chain_verify_kernel<Prob, Token, true>
+          <<<static_cast<unsigned>(blocks), DeviceBlock::kThreads, 0, stream>>>(params);
+    } else {
+      chain_verify_detail::chain_verify_kernel<Prob, Token, false>
+          <<<static_cast<unsigned>(blocks), DeviceBlock::kThreads, 0, stream>>>(params);
+    }
   });
   return cudaGetLastError();
 }
@@ -84,7 +89,11 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
     // block's shared memory is reused by each.
     TruncationHistogram histogram;
     run_host_blocks(blocks, [&params, &histogram](const SimtHostBlock& block, int64_t index) {
-      chain_verify_detail::chain_verify_block<SimtHostBlock, Prob, Token>(block, params, index, &histogram);
+      if (params.plan.staged) {
+        chain_verify_detail::chain_verify_block<SimtHostBlock, Prob, Token, true>(block, params, index, &histogram);
+      } else {
+        chain_verify_detail::chain_verify_block<SimtHostBlock, Prob, Token, false>(block, params, index, &histogram);
+      }
     });
   });
   return args.counters[kChainErrorWord] != error_before ? "counters found inconsistent (a wait gave up or a ticket was out of range: counters left dirty by a call that never finished?)" : nullptr;

@@ -23,7 +23,7 @@ import torch
 import specdec_kernels as sk
 from conftest import extension_op_marks
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
-from specdec_kernels.launchers.chain_verify import cuda_workspace_specs
+from specdec_kernels.launchers.chain_verify import cuda_stage_words, cuda_workspace_specs
 from specdec_kernels.reference import chain_verify as reference
 from sampling_parameter_cases import (
     PARAMETER_SETS,
@@ -102,11 +102,13 @@ def run_reference(case, seed, offset):
                                   case["temperature"], case["logits"], seed, offset, *sampling_parameters(case))
 
 
-def run_op(case, seed, offset, num_splits=0, workspace_words=None):
+def run_op(case, seed, offset, num_splits=0, workspace_words=None, staged=True):
     """The raw op as the CUDA launcher calls it: on CPU tensors, the block program on the host.
 
     ``num_splits`` forces the blocks per request (0: the launcher's choice);
-    ``workspace_words`` overrides the launcher's workspace size.
+    ``workspace_words`` overrides the launcher's workspace size; ``staged``
+    False passes no stage records, so top_k/top_p/min_p get one block per
+    request (the walk plan). The counters and stage records must be left at zero.
     """
     target = case["target"]
     batch_size, rows, vocab_size = target.shape
@@ -121,14 +123,18 @@ def run_op(case, seed, offset, num_splits=0, workspace_words=None):
     # Garbage in the workspace: the program must not rely on its contents.
     workspace = torch.full((workspace_words,), -123456789, dtype=torch.int64, device=device)
     arrivals = torch.zeros(specs["chain_verify_cuda.arrivals"][0], dtype=torch.int32, device=device)
+    # Records for every request, so that forced splits of any batch stage.
+    stages = torch.zeros(cuda_stage_words(batch_size, rows), dtype=torch.int64, device=device) if staged else None
     output = torch.full((batch_size, rows), 77, dtype=torch.int32, device=device)
     num_accepted = torch.full((batch_size,), 77, dtype=torch.int32, device=device)
     torch.ops.specdec_C.chain_verify(
         case["draft_token_ids"], target, case["draft"], case["num_draft_tokens"], case["temperature"],
         case["logits"], seed_tensor, seed_value, offset_tensor, offset_value, workspace, arrivals, output,
-        num_accepted, num_splits, *sampling_parameters(case),
+        num_accepted, num_splits, *sampling_parameters(case), stages=stages,
     )
     assert torch.equal(arrivals, torch.zeros_like(arrivals)), f"counters must be left at zero: {arrivals.tolist()}"
+    if staged:
+        assert not stages.any(), f"stage records must be left at zero: {stages.nonzero().flatten()[:8].tolist()}"
     return output, num_accepted
 
 
@@ -450,7 +456,8 @@ def test_host_program_a_set_error_flag_never_disturbs_a_later_larger_batch():
 def test_host_program_sampling_parameters_match_reference_bitwise(with_draft, parameters):
     """Greedy requests mixed in, ragged counts, invalid ids; V = 111 (one chunk), 2100 (three, the last
     partial) and quantised rows (ties at every threshold); every seed/offset form. A forced split count must
-    not change anything: the truncation plan has one block per request, bonus ids keep the split."""
+    not change anything: batches that split their rows take the staged truncation plan
+    (test_chain_verify_staged_cuda.py), the others one block per request; bonus ids alone keep the split."""
     cases = [
         make_case(9, 4, 111, seed=31, with_draft=with_draft),
         make_case(6, 3, 2100, seed=32, with_draft=with_draft, greedy_fraction=0.4),
@@ -541,11 +548,12 @@ def test_rejects_bad_sampling_parameters():
 
 def test_workspace_specs():
     specs = cuda_workspace_specs(5, 4, 3000, False, "cpu")
-    (workspace, workspace_dtype), (arrivals, arrivals_dtype) = specs.values()
-    assert workspace_dtype == torch.int64 and arrivals_dtype == torch.int32
+    (workspace, workspace_dtype), (arrivals, arrivals_dtype), (stages, stages_dtype) = specs.values()
+    assert workspace_dtype == torch.int64 and arrivals_dtype == torch.int32 and stages_dtype == torch.int64
     assert arrivals == 5 + 2
-    # Three words per chunk and request, then int32 statistics for two splits per request (8 blocks / 5).
-    assert workspace == 3 * 5 * 3 + 5 * 2 * 4 * 4 // 2
+    # Three words per chunk and request, then int32 statistics for B + 8 = 13 slices (two per request: 10).
+    assert workspace == 3 * 5 * 3 + 13 * 4 * 4 // 2
+    assert stages == cuda_stage_words(5, 4)
     # One chunk: a single split, no statistics.
     assert cuda_workspace_specs(64, 4, 1000, True, "cpu")["chain_verify_cuda.workspace"] == (3 * 64, torch.int64)
 

@@ -21,7 +21,7 @@ import torch
 
 import specdec_kernels as sk
 from conftest import ALL_BACKENDS, backend_or_skip, extension_op_marks
-from specdec_kernels.launchers.chain_verify import cuda_workspace_specs
+from specdec_kernels.launchers.chain_verify import cuda_stage_words, cuda_workspace_specs
 from specdec_kernels.reference.chain_verify_packed import packed_requests
 from sampling_parameter_cases import (
     PARAMETER_SETS,
@@ -97,8 +97,9 @@ def run_padded(case, backend, seed, offset):
                            seed=seed, offset=offset, backend=backend)
 
 
-def run_host(case, seed, offset, num_splits=0, padded=False):
-    """The CUDA kernel's block program on the host (``torch.ops.specdec_C``), as the CUDA launcher calls it."""
+def run_host(case, seed, offset, num_splits=0, padded=False, staged=True):
+    """The CUDA kernel's block program on the host (``torch.ops.specdec_C``), as the CUDA launcher calls it;
+    ``staged`` False: no stage records (top_k/top_p/min_p with one block per request)."""
     seed_tensor, seed_value = (seed, 0) if isinstance(seed, torch.Tensor) else (None, seed)
     offset_tensor, offset_value = (offset, 0) if isinstance(offset, torch.Tensor) else (None, offset)
     max_drafts, target = case["max_num_draft_tokens"], case["target"]
@@ -111,14 +112,16 @@ def run_host(case, seed, offset, num_splits=0, padded=False):
     num_accepted = torch.full((batch_size,), 77, dtype=torch.int32)
     random = (case["temperature"], case["logits"], seed_tensor, seed_value, offset_tensor, offset_value)
     scratch = (workspace, arrivals, output, num_accepted, num_splits, *sampling_parameters(case))
+    stages = torch.zeros(cuda_stage_words(batch_size, max_drafts + 1), dtype=torch.int64) if staged else None
     if padded:
         p = padded_equivalent(case)
         torch.ops.specdec_C.chain_verify(p["draft_token_ids"], p["target"], p["draft"], p["num_draft_tokens"],
-                                         *random, *scratch)
+                                         *random, *scratch, stages=stages)
     else:
         torch.ops.specdec_C.chain_verify_packed(case["draft_token_ids"], case["cu_num_draft_tokens"], target,
-                                                case["draft"], max_drafts, *random, *scratch)
+                                                case["draft"], max_drafts, *random, *scratch, stages=stages)
     assert torch.equal(arrivals, torch.zeros_like(arrivals)), f"counters must be left at zero: {arrivals.tolist()}"
+    assert not staged or not stages.any(), "stage records must be left at zero"
     return output, num_accepted
 
 

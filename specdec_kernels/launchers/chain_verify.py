@@ -290,20 +290,38 @@ CUDA_CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py CHUNK_SIZE
 CUDA_BLOCKS_PER_MULTIPROCESSOR = 2  # csrc/chain_verify.cu aims at two blocks per SM
 
 
+# The staged plan's records per request (csrc/include/specdec/chain_verify_stages.cuh,
+# chain_stage_request_words): 12 headers of 16 words, then per row (K + 1 rows) the
+# largest key (1 word), eight radix passes of 256 (high31, low31) bins and the
+# search state (3 words), and two split masses (2 words each).
+CUDA_STAGE_HEADER_WORDS = 12 * 16
+CUDA_STAGE_ROW_WORDS = 1 + 8 * (2 * 256 + 3) + 2 * 2
+
+
+def cuda_stage_words(batch_size, rows_per_request):
+    """int64 words of the staged plan's records for ``batch_size`` requests of ``rows_per_request`` rows."""
+    return batch_size * (CUDA_STAGE_HEADER_WORDS + rows_per_request * CUDA_STAGE_ROW_WORDS)
+
+
 def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, device):
     """Scratch the CUDA kernel needs for one call, as ``{name: (numel, dtype)}`` for ``_workspace.buffers``.
 
     ``workspace`` (int64): three words per 1024-token chunk of every request
     (chunk totals and candidates), then per-slice statistics, int32
-    ``[B, splits, K + 1, 4]``, for as many splits per request as the launcher
-    uses (about two blocks per SM on a GPU, up to 8 per batch on the host; a
-    smaller workspace only means fewer, longer slices). ``arrivals`` (int32
-    ``[2 + B]``): the ticket counter, an error flag, then per-request arrival
-    counters, zero-initialised once; every call leaves the ticket and the
-    arrivals at zero.
-    ``logits`` does not change the sizes (greedy requests of a probability
-    call use the statistics too); it is part of the signature so callers can
-    reserve for exactly the call they will make.
+    ``[B, splits, K + 1, 4]``, for as many slices as the launcher uses (about
+    two blocks per SM on a GPU, up to 8 per batch on the host, so at most
+    ``B + target`` slices in all; a smaller workspace only means fewer,
+    longer slices); contents need not be initialised. ``arrivals`` (int32
+    ``[2 + B]``): the ticket counter, an error flag, then per-request
+    arrival counters. ``stages`` (int64): the staged truncation plan's
+    records (:func:`cuda_stage_words`) for the requests of a batch that
+    splits (fewer than ``target`` of them; larger batches have one block per
+    request). ``arrivals`` and ``stages`` are zero-initialised once and
+    left at zero by every call (the error flag becomes nonzero only when a
+    bounded wait gave up). Every size is non-decreasing in ``B``, ``K + 1``
+    and ``V``, so a reservation for the largest sizes covers every smaller
+    call. ``logits`` does not change the sizes; it is part of the signature
+    so callers can reserve for exactly the call they will make.
     """
     del logits
     num_chunks = max(1, cdiv(vocab_size, CUDA_CHUNK_SIZE))
@@ -311,20 +329,24 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
         target_blocks = CUDA_BLOCKS_PER_MULTIPROCESSOR * _multiprocessor_count(torch.device(device))
     else:
         target_blocks = 8
-    splits = min(num_chunks, cdiv(target_blocks, max(batch_size, 1)))
-    stats_words = cdiv(max(batch_size, 1) * splits * 4 * rows_per_request, 2) if splits > 1 else 0
+    # cdiv(target, B) slices per request: B * cdiv(target, B) < B + target.
+    slices = min(batch_size * num_chunks, batch_size + target_blocks) if num_chunks > 1 else 0
+    stats_words = cdiv(slices * 4 * rows_per_request, 2)
+    split_requests = min(batch_size, target_blocks) if num_chunks > 1 else 0
     return {
         "chain_verify_cuda.workspace": (3 * batch_size * num_chunks + stats_words, torch.int64),
         "chain_verify_cuda.arrivals": (batch_size + 2, torch.int32),
+        "chain_verify_cuda.stages": (max(1, cuda_stage_words(split_requests, rows_per_request)), torch.int64),
     }
 
 
 def _cuda_outputs_and_workspace(batch_size, max_drafts, vocab_size, logits, device):
-    """``(output_token_ids, num_accepted, workspace, arrivals)`` of one CUDA call; no workspace when ``B == 0``."""
+    """``(output_token_ids, num_accepted, workspace, arrivals, stages)`` of one CUDA call; no workspace when
+    ``B == 0``."""
     output = torch.empty((batch_size, max_drafts + 1), dtype=torch.int32, device=device)
     num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
     if batch_size == 0:
-        return output, num_accepted, None, None
+        return output, num_accepted, None, None, None
     scratch = _workspace.buffers(device, cuda_workspace_specs(batch_size, max_drafts + 1, vocab_size, logits, device))
     return (output, num_accepted, *scratch.values())
 
@@ -333,13 +355,13 @@ def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperat
                       seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
                       bonus_token_ids=None):
     batch_size, rows_per_request, vocab_size = target.shape
-    output, num_accepted, workspace, arrivals = _cuda_outputs_and_workspace(
+    output, num_accepted, workspace, arrivals, stages = _cuda_outputs_and_workspace(
         batch_size, rows_per_request - 1, vocab_size, logits, target.device)
     if batch_size > 0:
         torch.ops.specdec_C.chain_verify(
             draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
             seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
-            top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids,
+            top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids, stages=stages,
         )
     return output, num_accepted
 
@@ -348,12 +370,12 @@ def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft
                              seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
                              bonus_token_ids=None):
     batch_size = cu_num_draft_tokens.shape[0] - 1
-    output, num_accepted, workspace, arrivals = _cuda_outputs_and_workspace(
+    output, num_accepted, workspace, arrivals, stages = _cuda_outputs_and_workspace(
         batch_size, max_drafts, target.shape[-1], logits, target.device)
     if batch_size > 0:
         torch.ops.specdec_C.chain_verify_packed(
             draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
             seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
-            top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids,
+            top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids, stages=stages,
         )
     return output, num_accepted

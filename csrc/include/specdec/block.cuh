@@ -20,6 +20,7 @@
 //   take(counter)                            thread 0 counts in (relaxed); every thread
 //                                            gets the count before (int64 counters);
 //   add_relaxed(word, value)                 thread 0 adds to an int64 word (relaxed);
+//   max_relaxed(word, value)                 thread 0 raises an int64 word to value (relaxed);
 //   arrive(counter)                          release, count in, acquire; the count before;
 //   reset(counter)                           back to zero (the last arrival only);
 //   wait_at_least(counter, count, error)     bounded acquire-spin; false (and *error set)
@@ -212,6 +213,11 @@ struct DeviceBlock {
   // Thread 0 adds (relaxed); a later arrive() releases it.
   __device__ __forceinline__ void add_relaxed(int64_t* word, int64_t value) const {
     if (thread() == 0) atomic_add(word, value);
+  }
+
+  // Thread 0 raises *word to at least value (relaxed); a later arrive() releases it.
+  __device__ __forceinline__ void max_relaxed(int64_t* word, int64_t value) const {
+    if (thread() == 0) atomicMax(reinterpret_cast<long long*>(word), static_cast<long long>(value));
   }
 
   // Release this block's writes and count it in; every thread gets the count

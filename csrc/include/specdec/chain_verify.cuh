@@ -51,6 +51,8 @@
 //                       as int32;
 //   then int32 statistics [B, num_splits, K + 1, 4] (greedy: max, argmax;
 //   logits: target max, sum, draft max, sum); their room caps num_splits.
+// Stage records (staged plan), int64 [B, chain_stage_request_words(K + 1)],
+// a separate buffer, zero before a call and left at zero.
 // Counters, int32 [2 + B]: the ticket counter, an error flag, then the
 // per-request arrivals. The ticket and the arrivals are zero before a call and
 // zero after it; the flag becomes nonzero only when a bounded wait gave up.
@@ -58,12 +60,39 @@
 // flag left set must never become a later, larger batch's arrival counter.
 //
 // Top-k, top-p and min-p (reference _truncation.py): a threshold needs the
-// whole row, so when any of the three is given the plan has one split, and
-// a sampled request with a parameter on walks its rows (walk_rows): row i's
-// softmax statistics (logits), its threshold and reciprocal by the radix
-// search of truncation.cuh in shared memory, then test i with the truncated
-// p(t); the sample pass over row `stop` reads p truncated the same way. Only
-// rows 0..stop get a threshold. Requests with every parameter off take the
+// whole row. Two plans:
+//
+// Staged (the rows split over several blocks and `stages` holds the
+// records): one wave of B x num_splits blocks, roles from blockIdx. A
+// sampled request with a parameter on computes the thresholds of all the
+// rows a decision may need at once, rows 0..n-1 and row n unless the engine
+// gives the bonus token (rows past the stop are read speculatively: the
+// price of not serialising on the stop), stage by stage
+// (chain_verify_stages.cuh): with logits first each slice's softmax
+// statistics into the statistics slots, merged in slice order by every
+// block; then the largest keys, top-k's four radix passes, top-k's kept mass
+// (top-p's goal), top-p's four passes and the kept mass. Each stage is a
+// pass over the request's slices: a block takes slices from the stage's
+// counter until none is left, adds its slices' integer partials (nonzero
+// histogram bins) to the stage record with atomics and publishes each slice,
+// then waits (bounded) until all are published. A wait only ever waits for
+// slices that running blocks took, never for a block that may not have
+// started. Every block then derives the digits and thresholds from the same
+// totals with truncation.cuh's code: the same bits as the whole-row search.
+// Then each block tests the drafts with the truncated p(t), samples its own
+// slice of the stop row truncated the same way and arrives; the last
+// arrival chooses the chunk, writes the outputs and puts the request's
+// records back to zero. Non-truncating requests of the launch take the
+// split paths above; with logits they use stage 0 instead of two waves.
+// A truncated row costs one pass for the largest key, four per search and
+// two for masses, each spread over the request's blocks.
+//
+// Walk (one split: a full batch, or no records): a sampled request with a
+// parameter on walks its rows (walk_rows): row i's softmax statistics
+// (logits), its threshold and reciprocal by the radix search of
+// truncation.cuh in shared memory, then test i with the truncated p(t); the
+// sample pass over row `stop` reads p truncated the same way. Only rows
+// 0..stop get a threshold. Requests with every parameter off take the
 // paths above (one split). bonus_token_ids: a request that accepts all n
 // drafts emits its bonus id; no block reads, records or samples row n.
 //
@@ -95,6 +124,7 @@
 #include "specdec/index.cuh"
 #include "specdec/rng.cuh"
 #include "specdec/sampling.cuh"
+#include "specdec/chain_verify_stages.cuh"
 
 namespace specdec {
 
@@ -128,11 +158,13 @@ struct ChainVerifyArgs {
   int64_t* workspace = nullptr;     // see above; at least chain_verify_chunk_words(B, V)
   int64_t workspace_words = 0;
   int32_t* counters = nullptr;  // [2 + B]: ticket, error flag, arrivals
+  int64_t* stages = nullptr;    // the staged plan's records (chain_verify_stages.cuh), zero before and after a call
+  int64_t stage_words = 0;      // its int64 words; less than chain_verify_stage_words(B, K): no staged plan
   IndexTensor top_k;             // [B] int32/int64, or data nullptr: off
   const float* top_p = nullptr;  // [B] or nullptr: off
   const float* min_p = nullptr;  // [B] or nullptr: off
   IndexTensor bonus_token_ids;   // [B] int32/int64, or data nullptr: sample the bonus row
-  int64_t requested_splits = 0;  // 0: the launcher's choice; ignored (1) with top_k/top_p/min_p
+  int64_t requested_splits = 0;  // 0: the launcher's choice; 1 with top_k/top_p/min_p unless staged
   int64_t batch_size = 0;
   int32_t max_drafts = 0;  // K
   int32_t vocab_size = 0;  // 1 <= V <= 2**30
@@ -152,32 +184,42 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_verify_stats_words(int64_t
   return 4 * (max_drafts + 1);
 }
 
+// int64 words of the staged plan's records of a call (chain_verify_stages.cuh).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_verify_stage_words(int64_t batch_size, int64_t max_drafts) {
+  return batch_size * chain_stage_request_words(max_drafts + 1);
+}
+
 struct ChainVerifyPlan {
   int64_t num_chunks = 1;
   int64_t chunks_per_split = 1;
   int64_t num_splits = 1;
-  bool two_waves = false;  // logits with several splits
+  bool two_waves = false;  // logits with several splits, no truncation
+  bool staged = false;     // top_k/top_p/min_p given with several splits: one wave, stage records
 };
 
 // About `target_blocks` blocks per wave (or `requested_splits` when > 0),
 // never more splits than chunks nor than the workspace has statistics for.
+// With top_k/top_p/min_p: the staged plan over the same splits when there
+// are several and the stage records fit, else one block per request.
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE ChainVerifyPlan plan_chain_verify(const ChainVerifyArgs& args,
                                                                           int64_t target_blocks) {
   ChainVerifyPlan plan;
   plan.num_chunks = chain_verify_num_chunks(args.vocab_size);
   const int64_t stats_words = 2 * (args.workspace_words - chain_verify_chunk_words(args.batch_size, args.vocab_size));
   const int64_t capacity = stats_words / (args.batch_size * chain_verify_stats_words(args.max_drafts));
-  // A truncation threshold needs the whole row: one block per request.
   const bool truncation_given = args.top_k.data != nullptr || args.top_p != nullptr || args.min_p != nullptr;
   int64_t wanted =
       args.requested_splits > 0 ? args.requested_splits : (target_blocks + args.batch_size - 1) / args.batch_size;
-  wanted = truncation_given ? 1 : wanted;
   wanted = wanted < plan.num_chunks ? wanted : plan.num_chunks;
   wanted = wanted < capacity ? wanted : capacity;
   wanted = wanted > 1 ? wanted : 1;
+  plan.staged = truncation_given && wanted > 1 && args.stages != nullptr &&
+                args.stage_words >= chain_verify_stage_words(args.batch_size, args.max_drafts);
+  // A threshold needs the whole row: without stage records, one block per request walks it.
+  if (truncation_given && !plan.staged) wanted = 1;
   plan.chunks_per_split = (plan.num_chunks + wanted - 1) / wanted;
   plan.num_splits = (plan.num_chunks + plan.chunks_per_split - 1) / plan.chunks_per_split;
-  plan.two_waves = args.logits && plan.num_splits > 1;
+  plan.two_waves = args.logits && plan.num_splits > 1 && !plan.staged;
   return plan;
 }
 
@@ -208,12 +250,13 @@ namespace chain_verify_detail {
 
 #if defined(__CUDACC__)
 // Two resident blocks per SM, the launcher's target (a 128-register cap).
-template <class Prob, class Token>
+// kStaged: the staged truncation plan (plan.staged).
+template <class Prob, class Token, bool kStaged>
 __global__ void __launch_bounds__(DeviceBlock::kThreads, 2) chain_verify_kernel(const ChainVerifyParams params) {
   __shared__ DeviceBlock::Shared shared;
   __shared__ TruncationHistogram histogram;
   const DeviceBlock block = {&shared};
-  chain_verify_block<DeviceBlock, Prob, Token>(block, params, static_cast<int64_t>(blockIdx.x), &histogram);
+  chain_verify_block<DeviceBlock, Prob, Token, kStaged>(block, params, static_cast<int64_t>(blockIdx.x), &histogram);
 }
 #endif  // __CUDACC__
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "specdec/chain_verify_pass.cuh"
+#include "specdec/chain_verify_stages.cuh"
 
 namespace specdec {
 namespace chain_verify_detail {
@@ -65,32 +66,96 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool row_accepts(const Request<Prob, Tok
   return accept(uniform, draft_prob, target_prob);
 }
 
-// Logits, several splits (wave 2): warp w tests positions w, w + num_warps,
-// ... from the merged statistics (all lanes compute the same test).
-template <class Block, class Prob, class Token>
-SPECDEC_HOST_DEVICE int64_t decide_logits_from_slots(const Block& block, const Request<Prob, Token>& request,
-                                                     const RequestKey& key, const StatSlots& slots,
-                                                     int64_t num_splits) {
-  int64_t stop = request.num_drafts;
-  for (int64_t position = block.warp(); position < request.num_drafts; position += block.num_warps()) {
-    StatsPair stats = {merged_stats(block, slots, num_splits, position, kTargetMax, request.temperature),
-                       empty_stats()};
-    if (request.draft != nullptr) {
-      stats.draft = merged_stats(block, slots, num_splits, position, kDraftMax, request.temperature);
-    }
-    if (!row_accepts(request, key, position, true, stats, no_truncation())) stop = MinInt64()(stop, position);
-  }
-  return block.block_all_reduce(stop, MinInt64());
-}
-
 struct Decision {
   int64_t stop;
   StatsPair stats;        // logits: of row `stop` (the draft's only when stop < n)
   Truncation truncation;  // of target row `stop` when the request truncates
 };
 
-// Elements per thread and step of a truncation search's reads.
-constexpr int kTruncationSpan = 4;
+// Several splits, a sampled request (logits wave 2, or the staged plan):
+// warp w tests positions w, w + num_warps, ... from the merged statistics
+// (logits) and the rows' truncations, `truncation_of(row)` (all lanes
+// compute the same test); then the stop row's statistics and truncation.
+template <class Block, class Prob, class Token, class TruncationOf>
+SPECDEC_HOST_DEVICE Decision decide_from_slots(const Block& block, const Request<Prob, Token>& request,
+                                               const RequestKey& key, bool logits, const StatSlots& slots,
+                                               int64_t num_splits, const TruncationOf& truncation_of) {
+  const auto stats_of = [&](int64_t row, bool with_draft) {
+    StatsPair stats = {empty_stats(), empty_stats()};
+    if (logits) {
+      stats.target = merged_stats(block, slots, num_splits, row, kTargetMax, request.temperature);
+      if (with_draft) stats.draft = merged_stats(block, slots, num_splits, row, kDraftMax, request.temperature);
+    }
+    return stats;
+  };
+  int64_t stop = request.num_drafts;
+  for (int64_t position = block.warp(); position < request.num_drafts; position += block.num_warps()) {
+    const StatsPair stats = stats_of(position, request.draft != nullptr);
+    if (!row_accepts(request, key, position, logits, stats, truncation_of(position))) {
+      stop = MinInt64()(stop, position);
+    }
+  }
+  stop = block.block_all_reduce(stop, MinInt64());
+  Decision decision = {stop, {empty_stats(), empty_stats()}, no_truncation()};
+  if (stop == request.num_drafts && request.has_bonus) return decision;  // row n has no slots and no sample
+  decision.stats = stats_of(stop, request.draft != nullptr && stop < request.num_drafts);
+  decision.truncation = truncation_of(stop);
+  return decision;
+}
+
+// A slice's softmax statistics of target rows 0..num_rows-1 and of the draft
+// rows among them below n, into the slice's slots (logits wave 1 and the
+// staged plan's stage 0).
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE void record_slice_stats(const Block& block, const Request<Prob, Token>& request,
+                                            const StatSlots& slots, int64_t split, int64_t vocab_lo,
+                                            int64_t vocab_hi, int64_t num_rows) {
+  for (int64_t row = 0; row < num_rows; ++row) {
+    const bool with_draft = request.draft != nullptr && row < request.num_drafts;
+    const StatsPair stats = slice_stats(block, request.target_row(row), with_draft ? request.draft_row(row) : nullptr,
+                                        vocab_lo, vocab_hi, request.temperature);
+    if (block.thread() == 0) {
+      *slots.field(split, row, kTargetMax) = float_as_word(stats.target.max);
+      *slots.field(split, row, kTargetSum) = float_as_word(stats.target.sum);
+      *slots.field(split, row, kDraftMax) = float_as_word(stats.draft.max);
+      *slots.field(split, row, kDraftSum) = float_as_word(stats.draft.sum);
+    }
+  }
+}
+
+// The staged plan (chain_verify.cuh, "Top-k, top-p and min-p"), a sampled
+// request with logits or a parameter on: stage 0, the per-slice statistics
+// (logits), then the truncation stages of rows 0..num_rows-1 (all rows a
+// decision may need, computed at once: rows past the stop are read
+// speculatively, the price of not serialising on the stop), then the
+// decision from the merged results.
+template <class Block, class Prob, class Token>
+SPECDEC_HOST_DEVICE Decision staged_decision(const Block& block, const Request<Prob, Token>& request,
+                                             const RequestKey& key, bool logits, const StatSlots& slots,
+                                             const StagedRecords& staged, TruncationHistogram* histogram,
+                                             int64_t num_rows) {
+  if (logits) {
+    run_stage(block, staged, kChainStatsStage, [&](int64_t slice, int64_t lo, int64_t hi) {
+      record_slice_stats(block, request, slots, slice, lo, hi, num_rows);
+    });
+  }
+  if (request.truncating) {
+    const int64_t vocab_size = request.vocab_size;
+    const float temperature = request.temperature;
+    const auto load_of = [&](int64_t row) {
+      const SoftmaxStats stats =
+          logits ? merged_stats(block, slots, staged.splits, row, kTargetMax, temperature) : empty_stats();
+      const Prob* target = request.target_row(row);
+      return [=](int64_t first, float (&out)[kTruncationSpan]) {
+        load_probability_span(target, first, vocab_size, logits, stats, temperature, out);
+      };
+    };
+    staged_truncations(block, histogram, staged, request.truncation, num_rows, load_of);
+  }
+  return decide_from_slots(block, request, key, logits, slots, staged.splits, [&](int64_t row) {
+    return request.truncating ? staged_truncation(staged, request.truncation, row) : no_truncation();
+  });
+}
 
 // One split, logits or a truncated target: row i's statistics, then its
 // truncation (reference _truncation.py, truncation.cuh), then test i, then
@@ -193,9 +258,20 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RequestRows request_rows(const ChainVeri
   return {start, start + b, count < max_drafts ? count : max_drafts};
 }
 
+// Request b's stage records in the staged plan.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE StagedRecords staged_records(const ChainVerifyParams& params, int64_t b) {
+  const ChainVerifyArgs& args = params.args;
+  const int64_t rows = static_cast<int64_t>(args.max_drafts) + 1;
+  return {args.stages + b * chain_stage_request_words(rows), rows, params.plan.num_splits, params.plan.chunks_per_split,
+          args.vocab_size, args.counters + kChainErrorWord};
+}
+
 // One block: its role (wave, request, split) from its linear id, or from a
 // ticket when some blocks wait on others (chain_verify.cuh, "Waiting").
-template <class Block, class Prob, class Token>
+// kStaged: the staged plan's program (plan.staged), a kernel of its own: it
+// has no walk and no second wave, and the two together spilled at the
+// 128-register cap (sm_90a).
+template <class Block, class Prob, class Token, bool kStaged>
 SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerifyParams& params, int64_t block_index,
                                             TruncationHistogram* histogram) {
   const ChainVerifyArgs& args = params.args;
@@ -258,7 +334,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
 
   if (request.greedy) {
-    if (num_splits == 1) {
+    if (!kStaged && num_splits == 1) {
       write_outputs(block, request, max_drafts, walk_greedy(block, request, args.logits), output_row,
                     args.num_accepted + b);
       return;
@@ -279,25 +355,22 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     return;
   }
 
-  if (plan.two_waves && wave == 0) {
-    for (int64_t row = 0; row <= last_recorded_row; ++row) {
-      const bool with_draft = request.draft != nullptr && row < num_drafts;
-      const StatsPair stats = slice_stats(block, request.target_row(row), with_draft ? request.draft_row(row) : nullptr,
-                                          vocab_lo, vocab_hi, request.temperature);
-      if (block.thread() == 0) {
-        *stat_slots.field(split, row, kTargetMax) = float_as_word(stats.target.max);
-        *stat_slots.field(split, row, kTargetSum) = float_as_word(stats.target.sum);
-        *stat_slots.field(split, row, kDraftMax) = float_as_word(stats.draft.max);
-        *stat_slots.field(split, row, kDraftSum) = float_as_word(stats.draft.sum);
-      }
-    }
+  if (!kStaged && plan.two_waves && wave == 0) {
+    record_slice_stats(block, request, stat_slots, split, vocab_lo, vocab_hi, last_recorded_row + 1);
     block.arrive(arrivals);  // never the last: wave 2 arrives after all of wave 1
     return;
   }
 
   const RequestKey key = load_request_key(args.rng, b);
   Decision decision = {num_drafts, {empty_stats(), empty_stats()}, no_truncation()};
-  if (args.logits ? num_splits == 1 : request.truncating) {
+  if constexpr (kStaged) {
+    if (args.logits || request.truncating) {
+      decision = staged_decision(block, request, key, args.logits, stat_slots, staged_records(params, b), histogram,
+                                 last_recorded_row + 1);
+    } else {
+      decision.stop = decide_probabilities(block, request, key);
+    }
+  } else if (args.logits ? num_splits == 1 : request.truncating) {
     decision = walk_rows(block, request, key, args.logits, histogram);  // one split: the plan's with truncation
   } else if (!args.logits) {
     decision.stop = decide_probabilities(block, request, key);
@@ -305,15 +378,8 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     // Wave 1's statistics: a failed (bounded) wait has set the error flag;
     // the block goes on with whatever it reads rather than hang.
     block.wait_at_least(arrivals, static_cast<int32_t>(num_splits), error);
-    decision.stop = decide_logits_from_slots(block, request, key, stat_slots, num_splits);
-    const bool bonus_row = decision.stop == num_drafts && request.has_bonus;  // no slots: no sample either
-    if (!bonus_row) {
-      decision.stats.target = merged_stats(block, stat_slots, num_splits, decision.stop, kTargetMax,
-                                           request.temperature);
-    }
-    if (request.draft != nullptr && decision.stop < num_drafts) {
-      decision.stats.draft = merged_stats(block, stat_slots, num_splits, decision.stop, kDraftMax, request.temperature);
-    }
+    decision = decide_from_slots(block, request, key, true, stat_slots, num_splits,
+                                 [](int64_t) { return no_truncation(); });
   }
   const int64_t stop = decision.stop;
   const bool takes_bonus = stop == num_drafts && request.has_bonus;
@@ -338,6 +404,14 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   }
   if (block.arrive(arrivals) != arrivals_per_call - 1) return;
   block.reset(arrivals);
+  if constexpr (kStaged) {
+    // Every block read the records before arriving: the stages used go back
+    // to zero. What was used is found again from the arguments rather than
+    // kept live through the sample pass, where registers are at their cap.
+    const bool truncated = load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size).any();
+    const StagedRecords staged = staged_records(params, b);
+    clear_records(block, staged, truncated ? chain_stage_request_words(staged.rows) : (args.logits ? kStageWords : 0));
+  }
   const int64_t token = takes_bonus ? request.bonus_token
                                     : finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);
   write_outputs(block, request, max_drafts, {stop, token}, output_row, args.num_accepted + b);

@@ -180,6 +180,10 @@ struct SimtHostBlock {
     if (tid == 0) *word += value;
   }
 
+  SPECDEC_HOST_DEVICE void max_relaxed(int64_t* word, int64_t value) const {
+    if (tid == 0) *word = value > *word ? value : *word;
+  }
+
   template <class Word>
   SPECDEC_HOST_DEVICE int32_t arrive(Word* counter) const {
     return by_thread_zero([&] { return static_cast<int32_t>((*counter)++); });

@@ -22,6 +22,7 @@
 #include "specdec/block.cuh"
 #include "specdec/common.cuh"
 #include "specdec/sampling.cuh"
+#include "specdec/stage_records.cuh"
 
 namespace specdec {
 
@@ -29,9 +30,7 @@ namespace specdec {
 // kStageWords int64 words each, after a header line whose word 0 counts the
 // waits that gave up; request b's N + 1 records start at
 // kStageWords * (1 + b * (N + 1)).
-constexpr int64_t kStageWords = 16;  // one 128-byte line
-constexpr int64_t kTakenWord = 0;       // slices taken (past `splits` once all are)
-constexpr int64_t kPublishedWord = 1;   // slices published
+// Words 0-1, the slice counters: stage_records.cuh.
 constexpr int64_t kTotalsWord = 2;      // six words: residual, p, q without the token; high31 then low31
 constexpr int64_t kTokenWord = 8;       // the rejection as applied: token,
 constexpr int64_t kResidualWord = 9;    // residual-had-mass flag,
@@ -53,16 +52,6 @@ struct Pending {
 };
 
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending no_pending() { return {-1, false, 1.0f, 1.0f}; }
-
-// A word of a stage record another block (or this one's thread 0) wrote:
-// from L2, never a stale L1 line.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t record_word(const int64_t* record, int64_t word) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(record + word)));
-#else
-  return record[word];
-#endif
-}
 
 // Split plan: a rejection as its stage record holds it.
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending recorded_rejection(const int64_t* record) {
@@ -102,19 +91,6 @@ struct SplitPlan {
   int64_t stage;       // the next stage
 };
 
-// The next untaken slice of the stage at `record` (>= splits once all are
-// taken); every thread gets it.
-template <class Block>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t take_slice(const Block& block, int64_t* record) {
-  return block.take(record + kTakenWord);
-}
-
-// Releases a slice of the final sample (its chunk results are stored).
-template <class Block>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void publish_slice(const Block& block, int64_t* record) {
-  block.arrive(record + kPublishedWord);
-}
-
 // Adds a slice's totals (every thread has them) into the stage and releases it.
 template <class Block>
 SPECDEC_HOST_DEVICE void publish_totals(const Block& block, int64_t* record, const PassTotals& pass) {
@@ -132,7 +108,7 @@ SPECDEC_HOST_DEVICE void publish_totals(const Block& block, int64_t* record, con
 template <class Block>
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void wait_for_stage(const Block& block, const SplitPlan& plan,
                                                             const int64_t* record) {
-  block.wait_at_least(record + kPublishedWord, plan.splits, plan.error);
+  wait_for_slices(block, record, plan.splits, plan.error);
 }
 
 // The complete totals of a published rejection stage (read from L2).

@@ -90,6 +90,7 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE TruncationParameters load_truncation_par
 constexpr int kRadixBits = 8;
 constexpr int kRadixBins = 1 << kRadixBits;
 constexpr int kKeyBits = 31;  // keys of cleaned probabilities are below 2**30
+constexpr int kRadixPasses = (kKeyBits + kRadixBits - 1) / kRadixBits;  // bits 30-23, 22-15, 14-7, 6-0
 
 // Shared memory of one block: per bin, the split sums of what fell in it.
 struct TruncationHistogram {
@@ -97,9 +98,9 @@ struct TruncationHistogram {
   uint64_t low31[kRadixBins];
 };
 
-// *address += value, atomically among the block's threads (shared memory on
-// the device; the host emulation's threads share plain memory, and its
-// barriers order these adds before any read).
+// *address += value, atomically (device scope on the GPU, whether `address`
+// is shared or global memory; the host emulation's threads share plain
+// memory, and its barriers order these adds before any read).
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void block_atomic_add(uint64_t* address, uint64_t value) {
 #if defined(__CUDA_ARCH__)
   atomicAdd(reinterpret_cast<unsigned long long*>(address), static_cast<unsigned long long>(value));
@@ -110,27 +111,37 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void block_atomic_add(uint64_t* address,
 
 namespace truncation_detail {
 
-// visit(key, W) for every token of the row; load(first, out) gives the
-// probabilities [first, first + kWidth) (0 past the vocabulary).
+// visit(key, W) for every token of [lo, hi); load(first, out) gives the
+// probabilities [first, first + kWidth) (0 past the vocabulary). `lo` is a
+// multiple of kWidth (0, or a chunk boundary).
 template <int kWidth, class Block, class Load, class Visit>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void for_each_token(const Block& block, int64_t vocab_size, const Load& load,
-                                                            Visit&& visit) {
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void for_each_token(const Block& block, int64_t lo, int64_t hi,
+                                                            const Load& load, Visit&& visit) {
   const int64_t step = kWidth * static_cast<int64_t>(block.num_threads());
-  for (int64_t first = kWidth * static_cast<int64_t>(block.thread()); first < vocab_size; first += step) {
+  for (int64_t first = lo + kWidth * static_cast<int64_t>(block.thread()); first < hi; first += step) {
     float p[kWidth];
     load(first, p);
     SPECDEC_UNROLL
     for (int j = 0; j < kWidth; ++j) {
-      if (first + j < vocab_size) visit(probability_key(p[j]), fixed_point_weight(p[j]));
+      if (first + j < hi) visit(probability_key(p[j]), fixed_point_weight(p[j]));
     }
   }
 }
 
-// The split mass of the tokens with key >= floor, to every thread.
+// The largest key of [lo, hi), to every thread (0 for an empty range).
 template <int kWidth, class Block, class Load>
-SPECDEC_HOST_DEVICE SplitTotal mass_at_least(const Block& block, int64_t vocab_size, const Load& load, int32_t floor) {
+SPECDEC_HOST_DEVICE int64_t max_key_of(const Block& block, int64_t lo, int64_t hi, const Load& load) {
+  int64_t max_key = 0;
+  for_each_token<kWidth>(block, lo, hi, load, [&](int32_t key, uint64_t) { max_key = key > max_key ? key : max_key; });
+  return block.block_all_reduce(max_key, MaxInt64());
+}
+
+// The split mass of the tokens of [lo, hi) with key >= floor, to every thread.
+template <int kWidth, class Block, class Load>
+SPECDEC_HOST_DEVICE SplitTotal mass_at_least(const Block& block, int64_t lo, int64_t hi, const Load& load,
+                                             int32_t floor) {
   SplitTotal mass = {0, 0};
-  for_each_token<kWidth>(block, vocab_size, load, [&](int32_t key, uint64_t weight) {
+  for_each_token<kWidth>(block, lo, hi, load, [&](int32_t key, uint64_t weight) {
     if (key >= floor) add_weight(mass, weight);
   });
   return block.block_all_reduce(mass, AddSplitTotals());
@@ -149,6 +160,82 @@ struct LargerDigit {
   }
 };
 
+// The bits of pass `pass` (0..kRadixPasses-1): bits [shift, top) of the key.
+struct RadixPass {
+  int top, shift, num_digits;
+};
+
+// The pass whose highest bit is top - 1.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RadixPass radix_pass_below(int top) {
+  const int shift = top > kRadixBits ? top - kRadixBits : 0;
+  return {top, shift, 1 << (top - shift)};
+}
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RadixPass radix_pass(int pass) {
+  return radix_pass_below(kKeyBits - kRadixBits * pass);
+}
+
+// A search between passes: the key bits found so far and the measure of the
+// tokens whose bits above the next pass's exceed them.
+struct RadixState {
+  uint32_t found;
+  SplitTotal above;
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RadixState radix_start() { return {0u, {0, 0}}; }
+
+// Measures one pass: the bins of `histogram` get, per digit of the pass's
+// bits, the count (by_mass false) or the split mass of the tokens of [lo, hi)
+// whose higher bits are found's. The measuring code of the whole-row
+// search and of chain_verify's staged one (a slice per block).
+template <int kWidth, class Block, class Load>
+SPECDEC_HOST_DEVICE void measure_pass(const Block& block, TruncationHistogram* histogram, int64_t lo, int64_t hi,
+                                      const Load& load, uint32_t found, RadixPass pass, bool by_mass) {
+  block.sync();  // the previous reads of the bins are over
+  for (int digit = block.thread(); digit < kRadixBins; digit += block.num_threads()) {
+    histogram->high31[digit] = 0;
+    histogram->low31[digit] = 0;
+  }
+  block.sync();
+  for_each_token<kWidth>(block, lo, hi, load, [&](int32_t key, uint64_t weight) {
+    const uint32_t bits = static_cast<uint32_t>(key);
+    if ((bits >> pass.top) != (found >> pass.top)) return;
+    const uint32_t digit = (bits >> pass.shift) & static_cast<uint32_t>(pass.num_digits - 1);
+    const uint64_t measure = by_mass ? weight : 1;
+    if (measure >> 31) block_atomic_add(&histogram->high31[digit], measure >> 31);
+    if (measure & kLow31Mask) block_atomic_add(&histogram->low31[digit], measure & kLow31Mask);
+  });
+  block.sync();
+}
+
+// The search after a pass whose whole-row bins are in `histogram`: the
+// largest digit whose tokens, with those above it, reach the goal. Thread t
+// of group g takes digit num_digits - 1 - (g + t): thread order is
+// descending digit order, so an exclusive scan gives each digit the measure
+// of the digits above it.
+template <class Block>
+SPECDEC_HOST_DEVICE RadixState choose_digit(const Block& block, const TruncationHistogram* histogram,
+                                            RadixState state, RadixPass pass, double goal) {
+  SplitTotal carry = state.above;
+  DigitChoice choice = {-1, {0, 0}};
+  for (int group = 0; group < pass.num_digits; group += block.num_threads()) {
+    const int index = group + block.thread();
+    const int digit = pass.num_digits - 1 - index;
+    const SplitTotal own = index < pass.num_digits ? SplitTotal{histogram->high31[digit], histogram->low31[digit]}
+                                                   : SplitTotal{0, 0};
+    SplitTotal group_total;
+    const SplitTotal before =
+        AddSplitTotals()(carry, block.block_exclusive_scan(own, AddSplitTotals(), SplitTotal{0, 0}, &group_total));
+    if (index < pass.num_digits && split_total_float64(AddSplitTotals()(before, own)) >= goal) {
+      choice = LargerDigit()(choice, DigitChoice{digit, before});
+    }
+    carry = AddSplitTotals()(carry, group_total);
+  }
+  choice = block.block_all_reduce(choice, LargerDigit());
+  if (choice.digit < 0) return state;
+  return {state.found | (static_cast<uint32_t>(choice.digit) << pass.shift), choice.above};
+}
+
 // The largest tau with m(tau) >= goal (see the top of the file): m counts
 // tokens (by_mass false) or sums their weights. The digit 0 always reaches
 // the goal (k < V tokens; top_p * S <= S) except for a NaN goal (top_p =
@@ -157,51 +244,44 @@ struct LargerDigit {
 template <int kWidth, class Block, class Load>
 SPECDEC_HOST_DEVICE int32_t largest_key(const Block& block, TruncationHistogram* histogram, int64_t vocab_size,
                                         const Load& load, double goal, bool by_mass) {
-  uint32_t found = 0;
-  SplitTotal above = {0, 0};  // the measure of the tokens whose bits above the pass's exceed found's
+  RadixState state = radix_start();
+  // A loop over `top`, not over the pass index: the latter spilled 28 bytes
+  // in chain_verify's kernel at its 128-register cap (sm_90a).
   for (int top = kKeyBits; top > 0; top -= kRadixBits) {
-    const int shift = top > kRadixBits ? top - kRadixBits : 0;
-    const int num_digits = 1 << (top - shift);
-    block.sync();  // the previous pass's reads of the bins are over
-    for (int digit = block.thread(); digit < kRadixBins; digit += block.num_threads()) {
-      histogram->high31[digit] = 0;
-      histogram->low31[digit] = 0;
-    }
-    block.sync();
-    for_each_token<kWidth>(block, vocab_size, load, [&](int32_t key, uint64_t weight) {
-      const uint32_t bits = static_cast<uint32_t>(key);
-      if ((bits >> top) != (found >> top)) return;
-      const uint32_t digit = (bits >> shift) & static_cast<uint32_t>(num_digits - 1);
-      const uint64_t measure = by_mass ? weight : 1;
-      if (measure >> 31) block_atomic_add(&histogram->high31[digit], measure >> 31);
-      if (measure & kLow31Mask) block_atomic_add(&histogram->low31[digit], measure & kLow31Mask);
-    });
-    block.sync();
-    // Thread t of group g takes digit num_digits - 1 - (g + t): thread order
-    // is descending digit order, so an exclusive scan gives each digit the
-    // mass of the digits above it.
-    SplitTotal carry = above;
-    DigitChoice choice = {-1, {0, 0}};
-    for (int group = 0; group < num_digits; group += block.num_threads()) {
-      const int index = group + block.thread();
-      const int digit = num_digits - 1 - index;
-      const SplitTotal own = index < num_digits ? SplitTotal{histogram->high31[digit], histogram->low31[digit]}
-                                                : SplitTotal{0, 0};
-      SplitTotal group_total;
-      const SplitTotal before =
-          AddSplitTotals()(carry, block.block_exclusive_scan(own, AddSplitTotals(), SplitTotal{0, 0}, &group_total));
-      if (index < num_digits && split_total_float64(AddSplitTotals()(before, own)) >= goal) {
-        choice = LargerDigit()(choice, DigitChoice{digit, before});
-      }
-      carry = AddSplitTotals()(carry, group_total);
-    }
-    choice = block.block_all_reduce(choice, LargerDigit());
-    if (choice.digit >= 0) {
-      found |= static_cast<uint32_t>(choice.digit) << shift;
-      above = choice.above;
-    }
+    const RadixPass pass = radix_pass_below(top);
+    measure_pass<kWidth>(block, histogram, 0, vocab_size, load, state.found, pass, by_mass);
+    state = choose_digit(block, histogram, state, pass, goal);
   }
-  return static_cast<int32_t>(found);
+  return static_cast<int32_t>(state.found);
+}
+
+// top_p's goal from the mass of the top-k set (float64, as the reference).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE double top_p_goal(float top_p, SplitTotal top_k_mass) {
+  const double total = split_total_float64(top_k_mass);
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(static_cast<double>(top_p), total);
+#else
+  return static_cast<double>(top_p) * total;
+#endif
+}
+
+// The threshold of the active parameters from tau_k (0 when off), tau_p and
+// the largest key. A top-p goal of 0 is reached by every tau: tau_p is capped
+// at the largest key, which keeps the largest probability and its ties.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t combined_threshold(const TruncationParameters& parameters,
+                                                                  int32_t threshold_k, int32_t threshold_p,
+                                                                  int64_t max_key) {
+  int32_t threshold = threshold_k;
+  if (parameters.p_on) {
+    const int32_t capped = threshold_p < max_key ? threshold_p : static_cast<int32_t>(max_key);
+    threshold = capped > threshold ? capped : threshold;
+  }
+  if (parameters.min_p_on) {
+    const float scale = parameters.min_p < 1.0f ? parameters.min_p : 1.0f;
+    const int32_t threshold_m = probability_key(fmul_rn(scale, bits_as_float(static_cast<uint32_t>(max_key))));
+    threshold = threshold_m > threshold ? threshold_m : threshold;
+  }
+  return threshold;
 }
 
 }  // namespace truncation_detail
@@ -216,36 +296,21 @@ template <int kWidth, class Block, class Load>
 SPECDEC_HOST_DEVICE Truncation row_truncation(const Block& block, TruncationHistogram* histogram,
                                               const TruncationParameters& parameters, int64_t vocab_size,
                                               const Load& load) {
-  int64_t max_key = 0;
-  truncation_detail::for_each_token<kWidth>(block, vocab_size, load,
-                                            [&](int32_t key, uint64_t) { max_key = key > max_key ? key : max_key; });
-  max_key = block.block_all_reduce(max_key, MaxInt64());
-
-  int32_t threshold = 0;
+  namespace detail = truncation_detail;
+  const int64_t max_key = detail::max_key_of<kWidth>(block, 0, vocab_size, load);
+  int32_t threshold_k = 0;
   if (parameters.k_on) {
-    threshold = truncation_detail::largest_key<kWidth>(block, histogram, vocab_size, load,
-                                                       static_cast<double>(parameters.top_k), false);
+    threshold_k = detail::largest_key<kWidth>(block, histogram, vocab_size, load,
+                                              static_cast<double>(parameters.top_k), false);
   }
+  int32_t threshold_p = 0;
   if (parameters.p_on) {
-    const double total =
-        split_total_float64(truncation_detail::mass_at_least<kWidth>(block, vocab_size, load, threshold));
-#if defined(__CUDA_ARCH__)
-    const double goal = __dmul_rn(static_cast<double>(parameters.top_p), total);
-#else
-    const double goal = static_cast<double>(parameters.top_p) * total;
-#endif
-    const int32_t threshold_p =
-        truncation_detail::largest_key<kWidth>(block, histogram, vocab_size, load, goal, true);
-    // A goal of 0 is reached by every tau: keep the largest probability and its ties.
-    const int32_t capped = threshold_p < max_key ? threshold_p : static_cast<int32_t>(max_key);
-    threshold = capped > threshold ? capped : threshold;
+    const double goal =
+        detail::top_p_goal(parameters.top_p, detail::mass_at_least<kWidth>(block, 0, vocab_size, load, threshold_k));
+    threshold_p = detail::largest_key<kWidth>(block, histogram, vocab_size, load, goal, true);
   }
-  if (parameters.min_p_on) {
-    const float scale = parameters.min_p < 1.0f ? parameters.min_p : 1.0f;
-    const int32_t threshold_m = probability_key(fmul_rn(scale, bits_as_float(static_cast<uint32_t>(max_key))));
-    threshold = threshold_m > threshold ? threshold_m : threshold;
-  }
-  const SplitTotal kept = truncation_detail::mass_at_least<kWidth>(block, vocab_size, load, threshold);
+  const int32_t threshold = detail::combined_threshold(parameters, threshold_k, threshold_p, max_key);
+  const SplitTotal kept = detail::mass_at_least<kWidth>(block, 0, vocab_size, load, threshold);
   return {threshold, total_reciprocal(kept), true};
 }
 

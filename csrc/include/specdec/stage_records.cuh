@@ -1,0 +1,62 @@
+// Stage records: how the blocks of one request share a pass over its
+// vocabulary without waiting on a block that may not have started. Used by
+// tree_verify's split plan (tree_verify_stages.cuh) and chain_verify's staged
+// truncation (chain_verify_stages.cuh); the protocol of
+// kernels/tree_verify_stages.py.
+//
+// A stage is one pass over the request's vocabulary, cut into `splits`
+// slices. A record starts with a header of two counters:
+//   kTakenWord      slices taken (a counter, past `splits` once all are taken)
+//   kPublishedWord  slices published (`splits` once the stage is complete)
+// Every block takes slices until none is left, adds its partial results to
+// the stage (integer atomics: the order of the adds is free), publishes each
+// slice (a release after its adds), then waits until all are published. A
+// block only waits on slices running blocks took, and a block never waits
+// between taking a slice and publishing it, so the wait always ends.
+//
+// This header includes no torch header.
+#pragma once
+
+#include <cstdint>
+
+#include "specdec/block.cuh"
+#include "specdec/common.cuh"
+
+namespace specdec {
+
+constexpr int64_t kStageWords = 16;    // one 128-byte line: the header and small payloads
+constexpr int64_t kTakenWord = 0;      // slices taken (past `splits` once all are)
+constexpr int64_t kPublishedWord = 1;  // slices published
+
+// A word of a stage record another block (or this one's thread 0) wrote:
+// from L2, never a stale L1 line.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t record_word(const int64_t* record, int64_t word) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(record + word)));
+#else
+  return record[word];
+#endif
+}
+
+// The next untaken slice of the stage at `record` (>= splits once all are
+// taken); every thread gets it.
+template <class Block>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t take_slice(const Block& block, int64_t* record) {
+  return block.take(record + kTakenWord);
+}
+
+// Releases a slice: every write and atomic add the block made for it.
+template <class Block>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void publish_slice(const Block& block, int64_t* record) {
+  block.arrive(record + kPublishedWord);
+}
+
+// Waits until every slice of the stage is published (all were taken by
+// running blocks); a wait that gives up sets *error.
+template <class Block>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void wait_for_slices(const Block& block, const int64_t* record,
+                                                             int64_t splits, int32_t* error) {
+  block.wait_at_least(record + kPublishedWord, splits, error);
+}
+
+}  // namespace specdec
