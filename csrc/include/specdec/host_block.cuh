@@ -207,16 +207,18 @@ struct SimtHostBlock {
 };
 
 // Runs program(block, index) for index in [0, num_blocks), blocks one after
-// another, on one emulated block (the state, like shared memory, carries over
-// from block to block as on a GPU multiprocessor).
-template <class Program>
-void run_host_blocks(int64_t num_blocks, Program&& program) {
-  SimtState state;
+// another, on kThreads std::threads sharing one State (like shared memory, it
+// carries over from block to block as on a GPU multiprocessor): thread t runs
+// as Block{&state, t}, and the threads meet at state.block_barrier between
+// blocks.
+template <class Block, class State, int kThreads, class Program>
+void run_emulated_blocks(int64_t num_blocks, Program&& program) {
+  State state;
   std::vector<std::thread> threads;
-  threads.reserve(kSimtThreads);
-  for (int tid = 0; tid < kSimtThreads; ++tid) {
+  threads.reserve(kThreads);
+  for (int tid = 0; tid < kThreads; ++tid) {
     threads.emplace_back([&state, &program, num_blocks, tid] {
-      const SimtHostBlock block = {&state, tid};
+      const Block block = {&state, tid};
       for (int64_t index = 0; index < num_blocks; ++index) {
         program(block, index);
         state.block_barrier.wait();
@@ -224,6 +226,12 @@ void run_host_blocks(int64_t num_blocks, Program&& program) {
     });
   }
   for (std::thread& thread : threads) thread.join();
+}
+
+// The SIMT block programs' emulated block (8 threads).
+template <class Program>
+void run_host_blocks(int64_t num_blocks, Program&& program) {
+  run_emulated_blocks<SimtHostBlock, SimtState, kSimtThreads>(num_blocks, program);
 }
 
 }  // namespace specdec

@@ -25,9 +25,7 @@
 
 #include <cstdint>
 #include <cstring>
-#include <thread>
 #include <type_traits>
-#include <vector>
 
 #include "specdec/common.cuh"
 #include "specdec/host_block.cuh"
@@ -51,7 +49,7 @@ struct DeviceWarpBlock {
 // CPU tests cross row tiles with small trees).
 struct HostWarpState {
   static constexpr int kWarps = 2;
-  SpinBarrier<kWarps> barrier;
+  SpinBarrier<kWarps> block_barrier;
 };
 
 struct HostWarpBlock {
@@ -65,7 +63,7 @@ struct HostWarpBlock {
   SPECDEC_HOST_DEVICE int thread(int h) const { return warp_index * kMmaWarpSize + h; }
   SPECDEC_HOST_DEVICE void sync() const {
 #if !defined(__CUDA_ARCH__)
-    state->barrier.wait();
+    state->block_barrier.wait();
 #endif
   }
 };
@@ -74,19 +72,7 @@ struct HostWarpBlock {
 // another, each on HostWarpState::kWarps std::threads.
 template <class Program>
 void run_host_warp_blocks(int64_t num_blocks, Program&& program) {
-  HostWarpState state;
-  std::vector<std::thread> threads;
-  threads.reserve(HostWarpState::kWarps);
-  for (int warp = 0; warp < HostWarpState::kWarps; ++warp) {
-    threads.emplace_back([&state, &program, num_blocks, warp] {
-      const HostWarpBlock block = {&state, warp};
-      for (int64_t index = 0; index < num_blocks; ++index) {
-        program(block, index);
-        state.barrier.wait();
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  run_emulated_blocks<HostWarpBlock, HostWarpState, HostWarpState::kWarps>(num_blocks, program);
 }
 
 // Two 16-bit values in one register, `low` in the low half.
