@@ -408,9 +408,8 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     // Every block read the records before arriving: the stages used go back
     // to zero. What was used is found again from the arguments rather than
     // kept live through the sample pass, where registers are at their cap.
-    const bool truncated = load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size).any();
-    const StagedRecords staged = staged_records(params, b);
-    clear_records(block, staged, truncated ? chain_stage_request_words(staged.rows) : (args.logits ? kStageWords : 0));
+    clear_used_records(block, staged_records(params, b),
+                       load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size));
   }
   const int64_t token = takes_bonus ? request.bonus_token
                                     : finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);
