@@ -115,6 +115,30 @@ def test_reserve_workspace_includes_the_stage_records(monkeypatch):
     assert reserved["chain_verify_cuda.stages"][0] == launcher.cuda_stage_words(3, 5)
 
 
+def test_reserve_workspace_without_truncation_reserves_no_stage_records(monkeypatch):
+    """``truncation=False``: the stage records (about 165 KB a request at K = 4) are not reserved, and a call
+    without sampling parameters asks for none, so a captured untruncated call is served without them."""
+    import specdec_kernels as sk
+    from specdec_kernels import _backend, _workspace
+
+    reserved = {}
+    monkeypatch.setattr(_backend, "available",
+                        lambda op_name, backend, device: op_name == "chain_verify" and backend in ("triton", "cuda"))
+    monkeypatch.setattr(_workspace, "reserve", lambda device, specs, **options: reserved.update(specs))
+    sk.reserve_workspace("cpu", batch_size=3, max_draft_tokens=4, vocab_size=5000, truncation=False)
+    assert reserved["chain_verify_cuda.stages"] == (1, torch.int64)
+    assert reserved["chain_verify.stage_counters"] == (1, torch.int64)
+    untruncated = {**launcher.cuda_workspace_specs(3, 5, 5000, False, "cpu", truncate=False),
+                   **launcher.triton_workspace_specs(3, 5, 5000, False, torch.device("cpu"), truncate=False)}
+    assert untruncated == reserved
+    truncated = {**launcher.cuda_workspace_specs(3, 5, 5000, False, "cpu"),
+                 **launcher.triton_workspace_specs(3, 5, 5000, False, torch.device("cpu"))}
+    assert {name: size for name, size in truncated.items() if "stage" not in name} == {
+        name: size for name, size in reserved.items() if "stage" not in name}
+    assert truncated["chain_verify_cuda.stages"][0] == launcher.cuda_stage_words(3, 5) > 1
+    assert truncated["chain_verify.stage_counters"][0] > 1
+
+
 @pytest.mark.parametrize("multiprocessors", [None, 132])
 def test_workspace_sizes_do_not_decrease(multiprocessors, monkeypatch):
     """A reservation for the largest B, K + 1 and V covers every smaller call (around the split bound too)."""

@@ -130,7 +130,7 @@ def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multi
 
 
 def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: int, logits: bool,
-                           device: torch.device) -> dict[str, tuple[int, torch.dtype]]:
+                           device: torch.device, truncate: bool = True) -> dict[str, tuple[int, torch.dtype]]:
     """The workspace one Triton launch uses, ``{name: (numel, dtype)}``, in the kernel's parameter order.
 
     Reserve it with ``_workspace.buffers(device, specs)`` before CUDA-graph
@@ -139,8 +139,9 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     count is not monotone in ``B``, so the statistics are sized by a bound).
     Chunk results are ``[B, chunks]``, statistics
     ``[B, BLOCK_K1, SPLITS]``; the staged plan's stage records (``stage_counters``,
-    ``[B, 20, 16 + 32 * BLOCK_K1]`` int64, for ``B < 2 * SMs`` at most) and the
-    counters are left at zero by every call, and
+    ``[B, 20, 16 + 32 * BLOCK_K1]`` int64, for ``B < 2 * SMs`` at most; one
+    word unless ``truncate``: only calls with ``top_k``/``top_p``/``min_p``
+    use them) and the counters are left at zero by every call, and
     ``timeout_counter`` counts waits that gave up (0 unless something is
     badly wrong; named a counter so that checks for counters at zero see it).
     """
@@ -159,7 +160,7 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     logit_slots = stat_slots if logits else 1
     # Stage records: only a split row needs them (V > 1024), and on a GPU rows split only while B < 2 * SMs.
     staged_requests = batch_size if multiprocessors is None else min(batch_size, 2 * multiprocessors)
-    if num_chunks == 1:
+    if num_chunks == 1 or not truncate:
         staged_requests = 0
     stage_words = max(1, staged_requests * STAGES_PER_REQUEST * stage_record_words(next_power_of_2(rows_per_request)))
     return {
@@ -176,6 +177,11 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
         "chain_verify.timeout_counter": (1, torch.int32),
         "chain_verify.stage_counters": (stage_words, torch.int64),
     }
+
+
+def _truncates(top_k, top_p, min_p) -> bool:
+    """Whether a call truncates its targets (any sampling parameter given)."""
+    return top_k is not None or top_p is not None or min_p is not None
 
 
 def split_words(value: int) -> tuple[int, int]:
@@ -240,7 +246,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     )
     top_k, top_p, min_p, bonus_token_ids = (unit_last_stride(tensor) for tensor in (top_k, top_p, min_p,
                                                                                      bonus_token_ids))
-    truncate = top_k is not None or top_p is not None or min_p is not None
+    truncate = _truncates(top_k, top_p, min_p)
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
     if truncate:
@@ -256,7 +262,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
         scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, rows_per_request, vocab_size,
-                                                                    logits, device))
+                                                                    logits, device, truncate))
         placeholder = target
         _chain_verify_kernel[(waves * row_blocks * config.num_splits,)](
             draft_token_ids, target, placeholder if draft is None else draft,
@@ -303,7 +309,7 @@ def cuda_stage_words(batch_size, rows_per_request):
     return batch_size * (CUDA_STAGE_HEADER_WORDS + rows_per_request * CUDA_STAGE_ROW_WORDS)
 
 
-def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, device):
+def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, device, truncate=True):
     """Scratch the CUDA kernel needs for one call, as ``{name: (numel, dtype)}`` for ``_workspace.buffers``.
 
     ``workspace`` (int64): three words per 1024-token chunk of every request
@@ -316,7 +322,8 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     arrival counters. ``stages`` (int64): the staged truncation plan's
     records (:func:`cuda_stage_words`) for the requests of a batch that
     splits (fewer than ``target`` of them; larger batches have one block per
-    request). ``arrivals`` and ``stages`` are zero-initialised once and
+    request), one word unless ``truncate`` (only calls with ``top_k``/``top_p``/
+    ``min_p`` use them). ``arrivals`` and ``stages`` are zero-initialised once and
     left at zero by every call (the error flag becomes nonzero only when a
     bounded wait gave up). Every size is non-decreasing in ``B``, ``K + 1``
     and ``V``, so a reservation for the largest sizes covers every smaller
@@ -332,7 +339,7 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     # cdiv(target, B) slices per request: B * cdiv(target, B) < B + target.
     slices = min(batch_size * num_chunks, batch_size + target_blocks) if num_chunks > 1 else 0
     stats_words = cdiv(slices * 4 * rows_per_request, 2)
-    split_requests = min(batch_size, target_blocks) if num_chunks > 1 else 0
+    split_requests = min(batch_size, target_blocks) if num_chunks > 1 and truncate else 0
     return {
         "chain_verify_cuda.workspace": (3 * batch_size * num_chunks + stats_words, torch.int64),
         "chain_verify_cuda.arrivals": (batch_size + 2, torch.int32),
@@ -340,14 +347,15 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     }
 
 
-def _cuda_outputs_and_workspace(batch_size, max_drafts, vocab_size, logits, device):
+def _cuda_outputs_and_workspace(batch_size, max_drafts, vocab_size, logits, device, truncate):
     """``(output_token_ids, num_accepted, workspace, arrivals, stages)`` of one CUDA call; no workspace when
     ``B == 0``."""
     output = torch.empty((batch_size, max_drafts + 1), dtype=torch.int32, device=device)
     num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
     if batch_size == 0:
         return output, num_accepted, None, None, None
-    scratch = _workspace.buffers(device, cuda_workspace_specs(batch_size, max_drafts + 1, vocab_size, logits, device))
+    scratch = _workspace.buffers(device, cuda_workspace_specs(batch_size, max_drafts + 1, vocab_size, logits, device,
+                                                              truncate))
     return (output, num_accepted, *scratch.values())
 
 
@@ -356,7 +364,7 @@ def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperat
                       bonus_token_ids=None):
     batch_size, rows_per_request, vocab_size = target.shape
     output, num_accepted, workspace, arrivals, stages = _cuda_outputs_and_workspace(
-        batch_size, rows_per_request - 1, vocab_size, logits, target.device)
+        batch_size, rows_per_request - 1, vocab_size, logits, target.device, _truncates(top_k, top_p, min_p))
     if batch_size > 0:
         torch.ops.specdec_C.chain_verify(
             draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
@@ -371,7 +379,7 @@ def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft
                              bonus_token_ids=None):
     batch_size = cu_num_draft_tokens.shape[0] - 1
     output, num_accepted, workspace, arrivals, stages = _cuda_outputs_and_workspace(
-        batch_size, max_drafts, target.shape[-1], logits, target.device)
+        batch_size, max_drafts, target.shape[-1], logits, target.device, _truncates(top_k, top_p, min_p))
     if batch_size > 0:
         torch.ops.specdec_C.chain_verify_packed(
             draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,

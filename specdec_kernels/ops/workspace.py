@@ -11,8 +11,8 @@ from ..launchers._shapes import multiprocessor_count
 
 
 def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vocab_size: int,
-                      logits: bool = False, trees: bool = False, max_tree_nodes: int = 1024, stream=None,
-                      for_capture: bool = True) -> None:
+                      logits: bool = False, truncation: bool = True, trees: bool = False,
+                      max_tree_nodes: int = 1024, stream=None, for_capture: bool = True) -> None:
     """Reserve the scratch buffers of ``chain_verify`` (and ``tree_verify``) for calls up to the given sizes.
 
     The fused kernels keep arrival counters and partial results in buffers
@@ -28,11 +28,16 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
     batch_size, max_draft_tokens, vocab_size : int
         The largest ``B``, ``K`` and ``V`` of the calls to come.
     logits : bool
-        Whether the calls pass logits (they need more scratch). Truncating
-        calls (``top_k`` / ``top_p`` / ``min_p``) need no flag: the Triton
-        chain kernel's stage records (``20 * (16 + 32 * next_pow2(K + 1))``
-        int64 per request, for at most twice as many requests as the GPU
-        has SMs) are always reserved.
+        Whether the calls pass logits (they need more scratch).
+    truncation : bool
+        Whether the calls may pass ``top_k`` / ``top_p`` / ``min_p``. Small
+        truncating batches share each row's truncation search among the
+        programs of a request through stage records: per request, for at
+        most twice as many requests as the GPU has SMs, Triton's
+        ``20 * (16 + 32 * next_pow2(K + 1))`` int64 and the CUDA kernel's
+        ``192 + 4125 * (K + 1)`` int64 (about 165 KB at ``K = 4``, so about
+        43 MB on a 132-SM GPU). ``False`` reserves none; a truncating call
+        captured afterwards then raises for want of them.
     trees : bool
         Also reserve for ``tree_verify`` calls of up to ``batch_size``
         requests over ``vocab_size`` tokens: its scratch rows are
@@ -66,10 +71,10 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
     specs = {}
     if _backend.available("chain_verify", "triton", device):
         specs.update(chain_verify_launchers.triton_workspace_specs(
-            batch_size, rows_per_request, vocab_size, logits, device))
+            batch_size, rows_per_request, vocab_size, logits, device, truncation))
     if _backend.available("chain_verify", "cuda", device):
         specs.update(chain_verify_launchers.cuda_workspace_specs(
-            batch_size, rows_per_request, vocab_size, logits, device))
+            batch_size, rows_per_request, vocab_size, logits, device, truncation))
     multiprocessors = multiprocessor_count(device) if device.type == "cuda" else None
     if trees and _backend.available("tree_verify", "triton", device):
         specs.update(tree_verify_launchers.triton_workspace_specs(batch_size, max_tree_nodes, vocab_size,
