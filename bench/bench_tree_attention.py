@@ -1,9 +1,10 @@
 """Benchmark of ``sk.tree_attention``: reference, Triton, CUDA (the backends that exist), and peers.
 
-``triton-merge-in-kernel``: the Triton kernel with a split context merged by
-the last split program of each tile (one launch; small row tiles only,
-``launchers/tree_attention.py``) instead of the default second launch: both
-forms are timed so that the default can follow the measurement (issue 9).
+``triton-merge-in-kernel`` and ``cuda-merge-in-kernel``: the kernel with a
+split context merged by the last split program of each tile (one launch;
+Triton: small row tiles only, ``launchers/tree_attention.py``) instead of the
+default second launch: both forms are timed so that the default can follow
+the measurement (issue 9).
 
 Sweep (GPU, issue 9): B in {1, 8, 32}, tree size N in {8, 32, 64}, prefix
 P in {1024, 8192, 32768}, (Hq, Hkv) in {(32, 8), (64, 8)}, D = 128,
@@ -77,13 +78,13 @@ def _flashinfer():
         return None
 
 
-MERGE_IN_KERNEL = "triton-merge-in-kernel"  # the Triton kernel with the split merged by its last program
+# Providers of a backend with the split merged by its last program, by backend.
+MERGE_IN_KERNEL = {"triton-merge-in-kernel": "triton", "cuda-merge-in-kernel": "cuda"}
 
 
 def providers(settings: harness.Settings) -> list[str]:
     names = harness.backend_providers(OP, settings)
-    if "triton" in names:
-        names.append(MERGE_IN_KERNEL)
+    names += [provider for provider, backend in MERGE_IN_KERNEL.items() if backend in names]
     names.append("sdpa")
     if settings.is_cuda and _flashinfer() is not None:
         names.append("flashinfer")
@@ -172,11 +173,11 @@ class Case:
         if provider == "flashinfer":
             out = inputs["flashinfer"].run(inputs["q"].flatten(0, 1), (inputs["k_cache"], inputs["v_cache"]))
             return out.view(inputs["q"].shape)
-        if provider == MERGE_IN_KERNEL:
+        if provider in MERGE_IN_KERNEL:
             merge_in_kernel, tree_attention_launchers.MERGE_IN_KERNEL = tree_attention_launchers.MERGE_IN_KERNEL, True
             try:
                 return sk.tree_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["block_tables"],
-                                         inputs["prefix_lens"], self.mask, backend="triton")
+                                         inputs["prefix_lens"], self.mask, backend=MERGE_IN_KERNEL[provider])
             finally:
                 tree_attention_launchers.MERGE_IN_KERNEL = merge_in_kernel
         return sk.tree_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["block_tables"],

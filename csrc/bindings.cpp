@@ -827,7 +827,7 @@ constexpr int64_t kTreeAttentionMaxSplits = 65535;  // gridDim.y
 void check_tree_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const at::Tensor& block_tables, const at::Tensor& prefix_lens,
                                const at::Tensor& tree_mask, const std::optional<at::Tensor>& num_nodes,
-                               int64_t num_splits) {
+                               int64_t num_splits, const std::optional<at::Tensor>& merge_counters) {
   constexpr const char* op = "tree_attention";
   const at::ScalarType dtype = q.scalar_type();
   TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
@@ -856,8 +856,12 @@ void check_tree_attention_args(const at::Tensor& q, const at::Tensor& k_cache, c
   TORCH_CHECK_VALUE(num_splits >= 0 && num_splits <= kTreeAttentionMaxSplits, "specdec_C::tree_attention: "
                     "`num_splits` must be in [0, ", kTreeAttentionMaxSplits, "] (0: the launcher's choice), got ",
                     num_splits);
+  if (merge_counters.has_value()) {
+    check_dtype(*merge_counters, op, "merge_counters", at::kInt);
+    check_same_device(*merge_counters, op, "merge_counters", q, "q");
+  }
   if (symbolic(q) || symbolic(k_cache) || symbolic(v_cache) || symbolic(block_tables) || symbolic(prefix_lens) ||
-      symbolic(tree_mask) || symbolic(num_nodes)) {
+      symbolic(tree_mask) || symbolic(num_nodes) || symbolic(merge_counters)) {
     return;
   }
   const int64_t batch_size = q.size(0);
@@ -887,6 +891,16 @@ void check_tree_attention_args(const at::Tensor& q, const at::Tensor& k_cache, c
                     ", ", max_nodes, ", ", words, "], got ", tree_mask.sizes());
   TORCH_CHECK_VALUE(!num_nodes.has_value() || num_nodes->size(0) == batch_size, "specdec_C::tree_attention: "
                     "`num_nodes` must have shape [B] = [", batch_size, "], got ", num_nodes->sizes());
+  if (merge_counters.has_value()) {
+    const int64_t rows = max_nodes * (q.size(2) / kv_heads);
+    const int64_t counters =
+        batch_size * kv_heads * ((rows + kTreeAttentionMinTileRows - 1) / kTreeAttentionMinTileRows);
+    TORCH_CHECK_VALUE(merge_counters->dim() == 1 && merge_counters->is_contiguous() &&
+                          merge_counters->numel() >= counters,
+                      "specdec_C::tree_attention: `merge_counters` must be a contiguous [M] tensor with M >= "
+                      "B * Hkv * ceil(N * Hq / Hkv / ", kTreeAttentionMinTileRows, ") = ", counters, ", got ",
+                      merge_counters->sizes());
+  }
 }
 
 AttentionDtype attention_dtype(at::ScalarType dtype) {
@@ -906,7 +920,8 @@ StridedValues strided_values(const at::Tensor& tensor) {
 at::Tensor run_tree_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& block_tables, const at::Tensor& prefix_lens,
                               const at::Tensor& tree_mask, const std::optional<at::Tensor>& num_nodes,
-                              std::optional<double> scale, int64_t num_splits, bool device) {
+                              std::optional<double> scale, int64_t num_splits,
+                              const std::optional<at::Tensor>& merge_counters, bool device) {
   at::Tensor out = at::empty(q.sizes(), q.options());
   TreeAttentionArgs args;
   args.q = strided_values(q);
@@ -949,6 +964,7 @@ at::Tensor run_tree_attention(const at::Tensor& q, const at::Tensor& k_cache, co
     args.partial_acc = partial_acc.data_ptr<float>();
     args.partial_max = partial_max.data_ptr<float>();
     args.partial_sum = partial_sum.data_ptr<float>();
+    if (merge_counters.has_value()) args.merge_counters = merge_counters->data_ptr<int32_t>();
   }
   if (device) {
     check_launch(launch_tree_attention(args, current_cuda_stream(q.device())), "tree_attention");
@@ -962,28 +978,34 @@ at::Tensor run_tree_attention(const at::Tensor& q, const at::Tensor& k_cache, co
 at::Tensor tree_attention_meta(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const at::Tensor& block_tables, const at::Tensor& prefix_lens,
                                const at::Tensor& tree_mask, const std::optional<at::Tensor>& num_nodes,
-                               std::optional<double> scale, int64_t num_splits) {
-  check_tree_attention_args(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, num_splits);
+                               std::optional<double> scale, int64_t num_splits,
+                               const std::optional<at::Tensor>& merge_counters) {
+  check_tree_attention_args(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, num_splits,
+                            merge_counters);
   return at::empty_symint(q.sym_sizes(), q.options());
 }
 
 at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& block_tables, const at::Tensor& prefix_lens,
                               const at::Tensor& tree_mask, const std::optional<at::Tensor>& num_nodes,
-                              std::optional<double> scale, int64_t num_splits) {
-  check_tree_attention_args(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, num_splits);
+                              std::optional<double> scale, int64_t num_splits,
+                              const std::optional<at::Tensor>& merge_counters) {
+  check_tree_attention_args(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, num_splits,
+                            merge_counters);
   return run_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale, num_splits,
-                            false);
+                            merge_counters, false);
 }
 
 at::Tensor tree_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const at::Tensor& block_tables, const at::Tensor& prefix_lens,
                                const at::Tensor& tree_mask, const std::optional<at::Tensor>& num_nodes,
-                               std::optional<double> scale, int64_t num_splits) {
-  check_tree_attention_args(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, num_splits);
+                               std::optional<double> scale, int64_t num_splits,
+                               const std::optional<at::Tensor>& merge_counters) {
+  check_tree_attention_args(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, num_splits,
+                            merge_counters);
   const c10::DeviceGuard device_guard(q.device());
   return run_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale, num_splits,
-                            true);
+                            merge_counters, true);
 }
 
 // ---------------------------------------------------------------------------
@@ -1258,9 +1280,14 @@ TORCH_LIBRARY(specdec_C, m) {
   // [B, max_blocks], prefix_lens and num_nodes [B] (int32 or int64),
   // tree_mask int32 [B, N, ceil(N/32)]. scale None: D ** -0.5.
   // `num_splits`: KV splits per block, 0 for the launcher's choice (tests
-  // force other counts). Returns out [B, N, Hq, D], contiguous.
+  // force other counts). `merge_counters` int32 [>= B * Hkv * ceil(N * Hq /
+  // Hkv / 32)] or None: with a split, the tensor-core program's last split
+  // of each block merges the block's rows (one launch), the counters zero
+  // before the call and left zero; None (and the SIMT program): a second
+  // launch merges. Returns out [B, N, Hq, D], contiguous.
   m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor prefix_lens, "
-        "Tensor tree_mask, Tensor? num_nodes=None, float? scale=None, int num_splits=0) -> Tensor");
+        "Tensor tree_mask, Tensor? num_nodes=None, float? scale=None, int num_splits=0, "
+        "Tensor(a!)? merge_counters=None) -> Tensor");
   // Fused tree verification (include/specdec/tree_verify.cuh): writes
   // accepted_nodes and output_token_ids int32 [B, N] and num_accepted int32
   // [B]. Arguments as specdec::tree_verify, with seed/offset as in

@@ -102,6 +102,9 @@ template <class Block>
 int64_t simt_tile_rows(int64_t head_dim) {
   return (Block::kThreads / Block::kWarpSize) * tree_attention_detail::rows_per_warp(static_cast<int>(head_dim));
 }
+static_assert(HostWarpBlock::kWarps * 16 >= kTreeAttentionMinTileRows &&
+                  DeviceWarpBlock::kWarps * 16 >= kTreeAttentionMinTileRows,
+              "merge_counters are sized by the smallest tensor-core tile");
 
 int64_t tile_rows(const TreeAttentionArgs& args, bool device, bool mma) {
   if (device) return mma ? DeviceWarpBlock::kWarps * 16 : simt_tile_rows<DeviceBlock>(args.head_dim);
@@ -120,6 +123,7 @@ int64_t element_bytes(AttentionDtype dtype) { return dtype == AttentionDtype::kF
 
 TreeAttentionArgs plan(const TreeAttentionArgs& args, bool device, bool mma) {
   TreeAttentionArgs planned = args;
+  if (!mma) planned.merge_counters = nullptr;  // the SIMT program merges by a second launch only
   planned.row_tiles = cdiv(args.max_nodes * (args.num_q_heads / args.num_kv_heads), tile_rows(args, device, mma));
   const int64_t bytes = element_bytes(args.dtype);
   planned.cache_loads_16_bytes = heads_in_16_bytes(args.k_cache, bytes) && heads_in_16_bytes(args.v_cache, bytes);
@@ -163,7 +167,8 @@ int64_t tree_attention_num_splits(const TreeAttentionArgs& args, int64_t request
 namespace {
 
 // Runs `kernel` (a (blocks, splits) grid of `threads` threads and `bytes` of
-// dynamic shared memory), then the merge of the splits.
+// dynamic shared memory), then, unless its last splits merge, the merge of
+// the splits.
 template <class Value, class Kernel>
 cudaError_t launch_with_merge(const TreeAttentionArgs& planned, Kernel kernel, int threads, int64_t bytes,
                               std::atomic<uint64_t>& opted_in_devices, cudaStream_t stream) {
@@ -173,7 +178,7 @@ cudaError_t launch_with_merge(const TreeAttentionArgs& planned, Kernel kernel, i
   const dim3 grid(static_cast<unsigned>(programs), static_cast<unsigned>(planned.num_splits));
   kernel<<<grid, threads, static_cast<size_t>(bytes), stream>>>(planned);
   status = cudaGetLastError();
-  if (status != cudaSuccess || planned.num_splits == 1) return status;
+  if (status != cudaSuccess || planned.num_splits == 1 || planned.merge_counters != nullptr) return status;
   const int64_t elements = planned.batch_size * planned.max_nodes * planned.num_q_heads * planned.head_dim;
   const int64_t merge_blocks = cdiv(elements, kMergeThreads);
   tree_attention_detail::tree_attention_merge_kernel<Value>
@@ -182,10 +187,11 @@ cudaError_t launch_with_merge(const TreeAttentionArgs& planned, Kernel kernel, i
   return cudaGetLastError();
 }
 
-// The merge of the splits' partial states into the output, on the host.
+// The merge of the splits' partial states into the output, on the host
+// (unless the block program's last splits merged).
 template <class Value>
 void merge_on_host(const TreeAttentionArgs& planned) {
-  if (planned.num_splits == 1) return;
+  if (planned.num_splits == 1 || planned.merge_counters != nullptr) return;
   const int64_t elements = planned.batch_size * planned.max_nodes * planned.num_q_heads * planned.head_dim;
   for (int64_t index = 0; index < elements; ++index) merge_element<Value>(planned, index);
 }

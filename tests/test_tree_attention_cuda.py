@@ -106,6 +106,49 @@ def test_long_context_in_shuffled_blocks_any_split(num_splits, runner):
     check(runner, inputs, tree_bits, num_nodes, 0.125, num_splits)
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 64), (torch.float16, 128), (torch.float32, 64),
+                                            (torch.bfloat16, 256)])
+@pytest.mark.parametrize("num_splits", [3, 40])
+def test_merge_in_the_last_block_gives_the_bits_of_the_merge_launch(num_splits, dtype, head_dim, runner,
+                                                                     monkeypatch):
+    """With merge counters the tensor-core program's (16-bit, D = 64/128) last split of each block merges
+    its rows (one launch): the same merge in the same order as the second launch, so the same bits, and the
+    counters end at zero. The SIMT program (float32, D = 256) ignores them and merges by the second launch.
+    Two requests with Hq = 8 Hkv over 40 nodes, so several row tiles each."""
+    from specdec_kernels import _workspace
+    from specdec_kernels.launchers import tree_attention as launcher
+
+    generator = torch.Generator().manual_seed(head_dim + num_splits)
+    inputs = make_inputs(generator, 2, 40, 8, 1, head_dim, dtype, 8, torch.tensor([397, 150], dtype=torch.int32))
+    tensors = (*inputs[:5], pack_bits(ancestor_bits(generator, 2, 40)), inputs[5])
+    second_launch = run(runner, *tensors, 0.125, num_splits)
+    if runner == "host":
+        counters = torch.zeros(launcher.cuda_merge_counters(2, 40, 8, 1), dtype=torch.int32)
+        for _ in range(2):  # the second call starts from the counters the first left
+            merged = torch.ops.specdec_C.tree_attention(*tensors, 0.125, num_splits, counters)
+            assert torch.equal(merged, second_launch)
+        assert not counters.any()
+        return
+    monkeypatch.setattr(launcher, "MERGE_IN_KERNEL", True)
+    for _ in range(2):
+        assert torch.equal(run(runner, *tensors, 0.125, num_splits), second_launch)
+    counters = [buffer for key, buffer in _workspace._buffers.items() if key[0] == "tree_attention_cuda.merge_counter"]
+    assert counters and all(not buffer.any() for buffer in counters)
+
+
+@needs_op
+def test_merge_counters_too_few_are_rejected():
+    generator = torch.Generator().manual_seed(3)
+    inputs = make_inputs(generator, 2, 40, 8, 1, 64, torch.float32, 8, torch.tensor([397, 150], dtype=torch.int32))
+    tensors = (*inputs[:5], pack_bits(ancestor_bits(generator, 2, 40)), inputs[5])
+    too_few = torch.zeros(2 * 40 * 8 // 32 - 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"`merge_counters` must be a contiguous \[M\] tensor with M >= .* = 20"):
+        torch.ops.specdec_C.tree_attention(*tensors, 0.125, 3, too_few)
+    with pytest.raises(TypeError, match="`merge_counters`"):
+        torch.ops.specdec_C.tree_attention(*tensors, 0.125, 3, too_few.long())
+
+
 @needs_op
 def test_the_host_launcher_splits_by_itself():
     """num_splits=0 is the launcher's choice: on the host a pretend 4-block

@@ -2,13 +2,13 @@
 the CUDA extension.
 
 A split context is merged by a second, small launch by default, rather than
-by the last split program to finish (``MERGE_IN_KERNEL``): the second launch
-needs no arrival counters kept at zero between calls (so no persistent
-workspace, nothing to reserve before CUDA-graph capture). Both forms merge
-the splits in the same order, so they give the same bits. Which is faster,
-one launch more against the last program's serial merge, has not been
-measured: no GPU was available; ``bench/bench_tree_attention.py`` times both
-(provider ``triton-merge-in-kernel``).
+by the last split program to finish (``MERGE_IN_KERNEL``, both backends):
+the second launch needs no arrival counters kept at zero between calls (so
+no persistent workspace, nothing to reserve before CUDA-graph capture). Both
+forms merge the splits in the same order, so they give the same bits. Which
+is faster, one launch more against the last program's serial merge, has not
+been measured: no GPU was available; ``bench/bench_tree_attention.py`` times
+both (providers ``triton-merge-in-kernel`` and ``cuda-merge-in-kernel``).
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ MAX_SPLITS = 64
 MERGE_NUM_WARPS = 4
 MERGE_ROWS = 16  # rows merged at a time (per program of the merge launch); at most MIN_BLOCK_M
 # True: the last split program of a tile merges it (one launch; counters in
-# the workspace, so a CUDA-graph capture needs them reserved). False: a
-# second launch merges. Merging in the kernel is compiled only for row tiles
-# of up to MERGE_IN_KERNEL_MAX_TILE (BLOCK_M x D) elements: at 64 x 128,
-# 128 x 64 and 64 x 256 it spilled 4-156 bytes (the small tiles of short
-# trees, where a long context is split most, are below it).
+# the workspace, so a CUDA-graph capture needs them reserved), on both
+# backends. False: a second launch merges. Triton merges in the kernel only
+# for row tiles of up to MERGE_IN_KERNEL_MAX_TILE (BLOCK_M x D) elements: at
+# 64 x 128, 128 x 64 and 64 x 256 it spilled 4-156 bytes (the small tiles of
+# short trees, where a long context is split most, are below it).
 MERGE_IN_KERNEL = False
 MERGE_IN_KERNEL_MAX_TILE = 32 * 128
 
@@ -55,6 +55,8 @@ def merges_in_kernel(config: "LaunchConfig", head_dim: int) -> bool:
     """Whether a split launch merges in its last program (else a second launch merges)."""
     return (MERGE_IN_KERNEL and config.num_splits > 1
             and config.block_m * head_dim <= MERGE_IN_KERNEL_MAX_TILE)
+
+
 # Interpreter (CPU): programs run one after another, so small key tiles and
 # a pretend 4-program machine make tests cross tiles and splits.
 INTERPRETER_BLOCK_N = 16
@@ -155,13 +157,32 @@ def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_m
 
 
 
+# The fewest rows of a CUDA tensor-core program's tile (csrc/include/specdec/tree_attention.cuh,
+# kTreeAttentionMinTileRows), the program that merges in its last split: counters for
+# B * Hkv * ceil(N * Hq / Hkv / 32) programs cover any of its plans. The SIMT program (float32, D = 256,
+# GPUs before sm_80) always merges by a second launch.
+CUDA_MIN_TILE_ROWS = 32
+
+
+def cuda_merge_counters(batch_size: int, max_nodes: int, num_q_heads: int, num_kv_heads: int) -> int:
+    """int32 merge counters a CUDA call needs to merge its splits in the kernel (at least one)."""
+    return max(1, batch_size * num_kv_heads * cdiv(max_nodes * (num_q_heads // num_kv_heads), CUDA_MIN_TILE_ROWS))
+
+
 def cuda_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes, scale,
                         num_splits=None):
-    """The extension's SIMT kernel (csrc/include/specdec/tree_attention.cuh): one launch, two with a KV split.
+    """The extension's kernels (csrc/include/specdec/tree_attention.cuh and tree_attention_mma.cuh): one
+    launch, two with a KV split unless ``MERGE_IN_KERNEL`` and the tensor-core program runs.
 
     It reads every input through its strides and allocates the output; the
     split count comes from shapes and the device's cached SM count (in
     csrc/tree_attention.cu), or ``num_splits`` (tests force it).
     """
+    counters = None
+    if MERGE_IN_KERNEL:
+        batch_size, max_nodes, num_q_heads, _ = q.shape
+        words = cuda_merge_counters(batch_size, max_nodes, num_q_heads, k_cache.shape[2])
+        counters = _workspace.buffers(q.device, {"tree_attention_cuda.merge_counter": (words, torch.int32)})[
+            "tree_attention_cuda.merge_counter"]
     return torch.ops.specdec_C.tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, num_nodes,
-                                              scale, 0 if num_splits is None else num_splits)
+                                              scale, 0 if num_splits is None else num_splits, counters)

@@ -101,6 +101,13 @@ struct TreeAttentionArgs {
   float* partial_acc = nullptr;
   float* partial_max = nullptr;
   float* partial_sum = nullptr;
+  // num_splits > 1: nullptr, a second launch merges the splits; else
+  // [>= programs] int32, zero before the call and left zero after it: the
+  // last split of a program to finish merges the program's rows (one launch;
+  // the tensor-core program only, the launchers clear it for the SIMT one:
+  // with the merge in its tail, its D = 256 instantiations spilled 28-44
+  // bytes at their 128-register cap, and 100-124 with the merge not inlined).
+  int32_t* merge_counters = nullptr;
   float scale_log2 = 0.0f;  // softmax scale * log2(e)
   AttentionDtype dtype = AttentionDtype::kFloat16;
   int64_t batch_size = 0, max_nodes = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -119,6 +126,11 @@ constexpr bool tree_attention_supports_head_dim(int64_t head_dim) {
 }
 // Most splits the launcher chooses by itself (forced counts may be larger).
 constexpr int64_t kTreeAttentionMaxAutoSplits = 64;
+
+// Fewest rows of a tensor-core program's tile (its host twin: 2 warps of
+// 16 rows), the program that reads merge_counters: it has at most
+// B * Hkv * ceil(N * Hq / Hkv / this) programs, the size merge_counters need.
+constexpr int64_t kTreeAttentionMinTileRows = 32;
 
 // Launchers (csrc/tree_attention.cu). `device`: for the GPU (true) or the
 // host program (false), whose tiles are smaller.
@@ -244,6 +256,33 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE PrefixSlice prefix_slice(const TreeAtten
   const int64_t start = split * per_split;
   return {prefix, start, start + per_split < prefix_end ? start + per_split : prefix_end};
 }
+
+// The key tiles a block folds, in order: the prefix slice's, then (the last
+// split only) the tree block's.
+struct KeyTiles {
+  PrefixSlice slice;
+  int64_t prefix_tiles, count;
+  int keys;
+
+  SPECDEC_HOST_DEVICE KeyTiles(const TreeAttentionArgs& args, const PrefixSlice& prefix, int64_t split, int tile_keys)
+      : slice(prefix), keys(tile_keys) {
+    prefix_tiles = slice.stop > slice.start ? (slice.stop - slice.start + keys - 1) / keys : 0;
+    count = prefix_tiles + (split == args.num_splits - 1 ? (args.max_nodes + keys - 1) / keys : 0);
+  }
+
+  // -1 for a prefix tile; for a tree tile its first node (key n is tree
+  // node tree_start + n).
+  SPECDEC_HOST_DEVICE int64_t tree_start(int64_t t) const { return t < prefix_tiles ? -1 : (t - prefix_tiles) * keys; }
+
+  // Tile t's first position and its keys from there on (the tile takes at
+  // most `keys` of them).
+  SPECDEC_HOST_DEVICE void get(const TreeAttentionArgs& args, int64_t t, int64_t* first_position,
+                               int64_t* remaining) const {
+    const int64_t j = tree_start(t);
+    *first_position = j < 0 ? slice.start + t * keys : wrapping_add(slice.prefix, j);
+    *remaining = j < 0 ? slice.stop - *first_position : args.max_nodes - j;
+  }
+};
 
 // Where key `n` of a tile of `count` keys from `first_position` is stored:
 // its block id, or -1 when it is not (past `count`, a negative position, a
@@ -416,6 +455,90 @@ SPECDEC_HOST_DEVICE void fold_key_tile(const Block& block, const TreeAttentionAr
   }
 }
 
+// Element `index` of the merged output ([B * N * Hq, D], row-major): split
+// s's output is acc_s / sum_s with weight 2^(max_s - M) sum_s, M the largest
+// max_s; splits that saw nothing have max_s = -inf and weight 0, and a row
+// no split saw is zero. Splits are folded in order.
+template <class Value>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void merge_element(const TreeAttentionArgs& args, int64_t index) {
+  const int64_t row = index / args.head_dim;
+  const int64_t dim = index - row * args.head_dim;
+  const int64_t first = row * args.num_splits;
+  float row_max = negative_infinity();
+  for (int64_t s = 0; s < args.num_splits; ++s) {
+    const float split_max = args.partial_max[first + s];
+    row_max = split_max > row_max ? split_max : row_max;
+  }
+  const float safe_max = row_max == negative_infinity() ? 0.0f : row_max;
+  float total = 0.0f;
+  float acc = 0.0f;
+  for (int64_t s = 0; s < args.num_splits; ++s) {
+    const float weight = exp2_f32(args.partial_max[first + s] - safe_max);
+    total += weight * args.partial_sum[first + s];
+    acc += weight * args.partial_acc[(first + s) * args.head_dim + dim];
+  }
+  static_cast<Value*>(args.out)[index] = from_float<Value>(total > 0.0f ? fdiv_rn(acc, total) : 0.0f);
+}
+
+// Whether this block is the last of its program's splits to have stored
+// its partial states (every thread calls it, after its stores). On the GPU
+// the stores are released as DeviceBlock::arrive releases them (each thread
+// fences, a barrier, thread 0 fences and counts in) and the fence after the
+// count acquires the other splits' stores for the block; the last arrival
+// puts the counter back to zero (every split has counted in by then). No
+// block waits for another, so nothing depends on which blocks are resident.
+// The host runs blocks one after another: barriers order the count.
+template <class Block>
+SPECDEC_HOST_DEVICE bool last_split_arrives(const Block& block, int32_t* counter, int64_t splits, bool first_thread) {
+#if defined(__CUDA_ARCH__)
+  (void)block;
+  __threadfence();
+  __syncthreads();
+  int last = 0;
+  if (first_thread) {
+    __threadfence();
+    last = atomicAdd(counter, 1) == splits - 1;
+    if (last) atomicExch(counter, 0);
+    __threadfence();
+  }
+  return __syncthreads_or(last) != 0;
+#else
+  block.sync();
+  if (first_thread) ++*counter;
+  block.sync();
+  const bool last = *counter == splits;
+  block.sync();  // every thread has read the count
+  if (last && first_thread) *counter = 0;
+  return last;
+#endif
+}
+
+// The merged output of `tile`'s rows (the first `rows` of them), elements
+// first, first + stride, ... of [rows, D]; rows past the tree are skipped.
+template <class Value>
+SPECDEC_HOST_DEVICE void merge_tile(const TreeAttentionArgs& args, const RowTile& tile, int rows, int first,
+                                    int stride) {
+  for (int element = first; element < rows * args.head_dim; element += stride) {
+    const int row = element / static_cast<int>(args.head_dim);
+    if (tile.node(row) >= args.max_nodes) continue;
+    const int64_t out_row = tile.output_row(row, args.max_nodes, args.num_q_heads);
+    merge_element<Value>(args, out_row * args.head_dim + (element - row * args.head_dim));
+  }
+}
+
+// Whether this block merges its tile's rows: with merge_counters, when it
+// is the last split of the tile's program to finish (every thread calls it,
+// after its stores; `first_thread`: this thread is thread 0). The program
+// is found again from the tile (row_tile_of inverted) rather than keeping
+// the block index live through the key loop.
+template <class Block>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool merges_here(const Block& block, const TreeAttentionArgs& args,
+                                                         const RowTile& tile, int rows, bool first_thread) {
+  if (args.num_splits == 1 || args.merge_counters == nullptr) return false;
+  const int64_t program = (tile.request * args.num_kv_heads + tile.kv_head) * args.row_tiles + tile.first_row / rows;
+  return last_split_arrives(block, args.merge_counters + program, args.num_splits, first_thread);
+}
+
 template <class Block, class Value, int kHeadDim>
 SPECDEC_HOST_DEVICE void tree_attention_block(const Block& block, const TreeAttentionArgs& args, void* shared_memory,
                                               int64_t program, int64_t split) {
@@ -448,15 +571,12 @@ SPECDEC_HOST_DEVICE void tree_attention_block(const Block& block, const TreeAtte
     for (int i = 0; i < Shape::kDimsPerLane; ++i) state.acc[r][i] = 0.0f;
   }
 
-  const PrefixSlice slice = prefix_slice(args, tile, split, Shape::kKeys);
-  for (int64_t position = slice.start; position < slice.stop; position += Shape::kKeys) {
-    fold_key_tile<Block, Value, kHeadDim>(block, args, tiles, tile, position, slice.stop - position, -1, state);
-  }
-  if (split == args.num_splits - 1) {
-    for (int64_t j = 0; j < args.max_nodes; j += Shape::kKeys) {
-      fold_key_tile<Block, Value, kHeadDim>(block, args, tiles, tile, wrapping_add(slice.prefix, j),
-                                            args.max_nodes - j, j, state);
-    }
+  const KeyTiles key_tiles(args, prefix_slice(args, tile, split, Shape::kKeys), split, Shape::kKeys);
+  for (int64_t t = 0; t < key_tiles.count; ++t) {
+    int64_t first_position, remaining;
+    key_tiles.get(args, t, &first_position, &remaining);
+    fold_key_tile<Block, Value, kHeadDim>(block, args, tiles, tile, first_position, remaining,
+                                          key_tiles.tree_start(t), state);
   }
 
   // Outputs, indexed by (request, node, query head) row; rows past the
@@ -485,31 +605,6 @@ SPECDEC_HOST_DEVICE void tree_attention_block(const Block& block, const TreeAtte
       }
     }
   }
-}
-
-// Element `index` of the merged output ([B * N * Hq, D], row-major): split
-// s's output is acc_s / sum_s with weight 2^(max_s - M) sum_s, M the largest
-// max_s; splits that saw nothing have max_s = -inf and weight 0, and a row
-// no split saw is zero. Splits are folded in order.
-template <class Value>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void merge_element(const TreeAttentionArgs& args, int64_t index) {
-  const int64_t row = index / args.head_dim;
-  const int64_t dim = index - row * args.head_dim;
-  const int64_t first = row * args.num_splits;
-  float row_max = negative_infinity();
-  for (int64_t s = 0; s < args.num_splits; ++s) {
-    const float split_max = args.partial_max[first + s];
-    row_max = split_max > row_max ? split_max : row_max;
-  }
-  const float safe_max = row_max == negative_infinity() ? 0.0f : row_max;
-  float total = 0.0f;
-  float acc = 0.0f;
-  for (int64_t s = 0; s < args.num_splits; ++s) {
-    const float weight = exp2_f32(args.partial_max[first + s] - safe_max);
-    total += weight * args.partial_sum[first + s];
-    acc += weight * args.partial_acc[(first + s) * args.head_dim + dim];
-  }
-  static_cast<Value*>(args.out)[index] = from_float<Value>(total > 0.0f ? fdiv_rn(acc, total) : 0.0f);
 }
 
 #if defined(__CUDACC__)

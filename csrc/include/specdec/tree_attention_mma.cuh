@@ -104,33 +104,6 @@ struct MmaTiles {
   }
 };
 
-// The key tiles a block folds, in order: the prefix slice's, then (the last
-// split only) the tree block's.
-struct KeyTiles {
-  PrefixSlice slice;
-  int64_t prefix_tiles, count;
-  int keys;
-
-  SPECDEC_HOST_DEVICE KeyTiles(const TreeAttentionArgs& args, const PrefixSlice& prefix, int64_t split, int tile_keys)
-      : slice(prefix), keys(tile_keys) {
-    prefix_tiles = slice.stop > slice.start ? (slice.stop - slice.start + keys - 1) / keys : 0;
-    count = prefix_tiles + (split == args.num_splits - 1 ? (args.max_nodes + keys - 1) / keys : 0);
-  }
-
-  // -1 for a prefix tile; for a tree tile its first node (key n is tree
-  // node tree_start + n).
-  SPECDEC_HOST_DEVICE int64_t tree_start(int64_t t) const { return t < prefix_tiles ? -1 : (t - prefix_tiles) * keys; }
-
-  // Tile t's first position and its keys from there on (the tile takes at
-  // most `keys` of them).
-  SPECDEC_HOST_DEVICE void get(const TreeAttentionArgs& args, int64_t t, int64_t* first_position,
-                               int64_t* remaining) const {
-    const int64_t j = tree_start(t);
-    *first_position = j < 0 ? slice.start + t * keys : wrapping_add(slice.prefix, j);
-    *remaining = j < 0 ? slice.stop - *first_position : args.max_nodes - j;
-  }
-};
-
 template <class Block, class Value, int kHeadDim>
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t mma_shared_bytes() {
   using Shape = MmaShape<Block, kHeadDim>;
@@ -450,6 +423,9 @@ SPECDEC_HOST_DEVICE void tree_attention_mma_block(const Block& block, const Tree
         }
       }
     }
+  }
+  if (merges_here(block, args, tile, Shape::kRows, block.thread(0) == 0)) {
+    for (int h = 0; h < kHeld; ++h) merge_tile<Value>(args, tile, Shape::kRows, block.thread(h), kThreads);
   }
 }
 
