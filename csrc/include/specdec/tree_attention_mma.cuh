@@ -32,8 +32,8 @@
 //      (as the Triton kernel's weights.to(v.dtype), and FlashAttention's),
 //      so P never goes through shared memory.
 // The accumulators are D / 2 float32 registers per lane (64 at D = 128).
-// ptxas (CUDA 13.0, sm_80 / sm_90a): 175 / 179 registers at D = 128 and
-// 136 / 145 at D = 64, no spills, no stack; one block of 8 warps per SM
+// ptxas (CUDA 13.0, sm_80 / sm_90a): 177 / 181 registers at D = 128 and
+// 137 / 149 at D = 64 (with the one-launch merge), no spills, no stack; one block of 8 warps per SM
 // (70 KB of shared memory at D = 128, 37 KB at D = 64). Occupancy, tile
 // sizes, ldmatrix and shared-space (rather than generic) fragment loads are
 // not tuned: nothing has run on a GPU yet.
