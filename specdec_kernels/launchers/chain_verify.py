@@ -61,6 +61,12 @@ def truncation_limits(limits: Limits, gpu: bool) -> Limits:
     return limits._replace(max_splits=1, max_rows=1 if gpu else None)
 
 
+def search_block(block_v: int, search_tile: int, search_rows: int) -> int:
+    """The truncation search's vocabulary tile: its ``[search_rows, SEARCH_CANDIDATES, search_block]`` tile
+    within ``search_tile`` elements, at most the vocabulary tile."""
+    return max(1, min(block_v, search_tile // (search_rows * SEARCH_CANDIDATES)))
+
+
 def stage_record_words(block_k1: int) -> int:
     """int64 words of one stage record (``record_words`` in kernels/truncation_stages.py)."""
     return STAGE_HEADER_WORDS + block_k1 * SEARCH_CANDIDATES * 2
@@ -79,8 +85,7 @@ def truncation_config(batch_size: int, rows_per_request: int, vocab_size: int, m
     """
     config = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits._replace(max_rows=1))
     if STAGED_TRUNCATION and config.num_splits > 1:
-        search_block = max(1, min(config.block_v, limits.search_tile // (config.block_k1 * SEARCH_CANDIDATES)))
-        return config._replace(search_block=search_block), True
+        return config._replace(search_block=search_block(config.block_v, limits.search_tile, config.block_k1)), True
     return launch_config(batch_size, rows_per_request, vocab_size, multiprocessors,
                          truncation_limits(limits, multiprocessors is not None)), False
 
@@ -124,9 +129,8 @@ def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multi
     split_tile = max(1, min(next_power_of_2(num_splits), limits.combine_tile // (rows * block_k1)))
     chunk_tile = max(1, min(next_power_of_2(num_chunks), limits.combine_tile // rows))
     max_registers = GPU_MAX_REGISTERS if multiprocessors is not None else None
-    search_block = max(1, min(block_v, limits.search_tile // (rows * SEARCH_CANDIDATES)))
     return LaunchConfig(rows, block_k1, block_v, num_chunks, chunks_per_split, num_splits, split_tile, chunk_tile,
-                        max_registers, search_block)
+                        max_registers, search_block(block_v, limits.search_tile, rows))
 
 
 def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: int, logits: bool,

@@ -10,7 +10,7 @@ import torch
 
 from .. import _workspace
 from ._shapes import cdiv, multiprocessor_count, next_power_of_2, unit_last_stride
-from .chain_verify import CHUNK_SIZE, SEARCH_CANDIDATES, split_words
+from .chain_verify import CHUNK_SIZE, search_block, split_words
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
 # is one sampler chunk (or the whole vocabulary below one), the node tile
@@ -106,8 +106,8 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
     # The search's [rows, candidates, search_block] tile: the GPU's budget (the other tiles'), or wide
     # under the interpreter, where fewer, larger steps are faster.
     search_tile = TILE if tile <= TILE else INTERPRETER_SEARCH_TILE
-    search_block = max(1, min(block_v, search_tile // (rows * SEARCH_CANDIDATES)))
-    return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile, search_block, num_splits, chunks_per_split)
+    return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile, search_block(block_v, search_tile, rows),
+                        num_splits, chunks_per_split)
 
 
 def scratch_rows(has_draft: bool, draft_sampling: str) -> int:

@@ -160,19 +160,16 @@ struct LargerDigit {
   }
 };
 
-// The bits of pass `pass` (0..kRadixPasses-1): bits [shift, top) of the key.
+// One of the kRadixPasses passes: bits [shift, top) of the key.
 struct RadixPass {
   int top, shift, num_digits;
 };
 
-// The pass whose highest bit is top - 1.
+// The pass whose highest bit is top - 1 (searches loop over top, from
+// kKeyBits down by kRadixBits).
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RadixPass radix_pass_below(int top) {
   const int shift = top > kRadixBits ? top - kRadixBits : 0;
   return {top, shift, 1 << (top - shift)};
-}
-
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RadixPass radix_pass(int pass) {
-  return radix_pass_below(kKeyBits - kRadixBits * pass);
 }
 
 // A search between passes: the key bits found so far and the measure of the
