@@ -450,7 +450,7 @@ def _chain_verify_kernel(
                 tl.debug_barrier()
                 tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
                 if STAGED:
-                    clear_request_records(records, BLOCK_K1)
+                    clear_request_records(records, truncating, k_on, p_on, LOGITS, BLOCK_K1)
                 elif LOGITS:
                     tl.atomic_add(wave1_arrivals_ptr + row_block, -num_splits, sem="relaxed")
                 greedy_stop, greedy_token = greedy_decisions(

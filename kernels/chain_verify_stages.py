@@ -15,7 +15,8 @@ take slices from the record's counter, add, publish, wait for all):
    (``kernels/truncation.py``, stage numbers there), all rows at once.
 
 A record is ``record_words(BLOCK_K1)`` int64 and a request has
-``NUM_STAGES`` of them; the request's last program to finish zeroes them.
+``NUM_STAGES`` of them; the request's last program to finish zeroes those
+it used.
 """
 
 import triton
@@ -23,7 +24,7 @@ import triton.language as tl
 
 from .chain_verify_rows import row_at, scan_statistics
 from .tree_verify_stages import publish, take_slice, wait_for_stage
-from .truncation import NUM_STAGES, staged_truncation
+from .truncation import NUM_STAGES, clear_search_records, staged_truncation
 from .truncation_stages import clear_records, record_words
 
 _NORMALISER_STAGE = tl.constexpr(0)
@@ -99,6 +100,8 @@ def staged_thresholds(
 
 
 @triton.jit
-def clear_request_records(records, BLOCK_K1: tl.constexpr):
-    """Zero the request's records (its last program, after every program read them)."""
-    clear_records(records, NUM_STAGES, BLOCK_K1)
+def clear_request_records(records, truncating, k_on, p_on, LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr):
+    """Zero the records the request used (its last program, after every program read them)."""
+    if LOGITS:
+        clear_records(records, _NORMALISER_STAGE, _NORMALISER_STAGE + 1, BLOCK_K1)
+    clear_search_records(records, truncating, k_on, p_on, BLOCK_K1)

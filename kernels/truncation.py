@@ -39,7 +39,7 @@ import triton.language as tl
 from .sampling import normaliser_reciprocal
 from .truncation_measures import (CANDIDATES, COUNTS, MASS, MASSES, MAX_KEY, RADIX_BITS, clean_probability,
                                   probability_key, truncated_probability)
-from .truncation_stages import measured
+from .truncation_stages import clear_records, measured
 
 _KEY_BITS = tl.constexpr(31)  # keys of probabilities in [0, 1] are below 2**30; the search covers 31 bits
 _STEPS = tl.constexpr(8)  # ceil(_KEY_BITS / RADIX_BITS)
@@ -185,3 +185,18 @@ def staged_truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on
     return _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
                        inverse_temperature, vocab_size, records, chunks_per_split, num_splits, timeouts_ptr, True,
                        LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+
+
+@triton.jit
+def clear_search_records(records, truncating, k_on, p_on, ROWS: tl.constexpr):
+    """Zero the stage records :func:`staged_truncation` used for these parameters (``[ROWS]``, one request's),
+    after every program of the request is done with them: at most the whole 20 records (43 KB at 8 rows), on
+    the request's critical path, for the searches it ran only (a record of a skipped search is still zero)."""
+    truncated = truncating != 0
+    if tl.max(truncated.to(tl.int32), axis=0) > 0:
+        clear_records(records, _MAX_KEY_STAGE, _TOP_K_STAGE, ROWS)
+        if tl.max((truncated & k_on).to(tl.int32), axis=0) > 0:
+            clear_records(records, _TOP_K_STAGE, _GOAL_STAGE, ROWS)
+        if tl.max((truncated & p_on).to(tl.int32), axis=0) > 0:
+            clear_records(records, _GOAL_STAGE, _KEPT_STAGE, ROWS)
+        clear_records(records, _KEPT_STAGE, NUM_STAGES, ROWS)

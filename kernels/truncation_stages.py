@@ -22,7 +22,8 @@ slices taken, word 1 slices published, as ``tree_verify_stages``), then the
 payload ``[ROWS, CANDIDATES, 2]`` (``first``, ``second`` of each
 measure). Stages are numbered by the search (``kernels/truncation.py``);
 one a request skips is left at zero. The request's last program to end
-zeroes its records (:func:`clear_records`), so no memset precedes a launch.
+zeroes the records of the stages it used (:func:`clear_records`), so no memset
+precedes a launch.
 """
 
 import triton
@@ -88,12 +89,11 @@ def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inver
 
 
 @triton.jit
-def clear_records(records, num_stages, ROWS: tl.constexpr):
-    """Zero ``num_stages`` records (the request's last program, after every program read them).
-
-    1 KB a store step: 20 records of 8 rows are 43 KB, which one program
-    clears at the end of the launch's critical path."""
+def clear_records(records, first_stage, end_stage, ROWS: tl.constexpr):
+    """Zero the records of stages ``[first_stage, end_stage)`` (the request's last program, after every program
+    read them): 1 KB a store step, 2.1 KB a record of 8 rows."""
     words = tl.arange(0, 8 * STAGE_WORDS)
-    total = num_stages * record_words(ROWS)
-    for start in range(0, total, 8 * STAGE_WORDS):
-        tl.store(records + start + words, tl.zeros((8 * STAGE_WORDS,), tl.int64), mask=start + words < total)
+    start_word = first_stage * record_words(ROWS)
+    end_word = end_stage * record_words(ROWS)
+    for start in range(start_word, end_word, 8 * STAGE_WORDS):
+        tl.store(records + start + words, tl.zeros((8 * STAGE_WORDS,), tl.int64), mask=start + words < end_word)
