@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "specdec/chain_verify.cuh"
 #include "specdec/host_block.cuh"
@@ -43,10 +44,18 @@ cudaError_t multiprocessor_count(int* count) {
   return status;
 }
 
-// Calls body(Prob{}, Token{}) with the storage types of the call.
+// Calls body(Prob{}, Token{}, Staged{}) with the storage types of the call and
+// the plan's staging as a std::bool_constant: one instantiation per plan, so
+// neither plan pays registers for the other.
 template <class Body>
-void dispatch_dtypes(const ChainVerifyArgs& args, Body&& body) {
-  dispatch_storage_types(args.prob_dtype, args.token_dtype, body);
+void dispatch_instantiation(const ChainVerifyArgs& args, const ChainVerifyPlan& plan, Body&& body) {
+  dispatch_storage_types(args.prob_dtype, args.token_dtype, [&](auto prob, auto token) {
+    if (plan.staged) {
+      body(prob, token, std::true_type{});
+    } else {
+      body(prob, token, std::false_type{});
+    }
+  });
 }
 
 }  // namespace
@@ -61,16 +70,9 @@ cudaError_t launch_chain_verify(const ChainVerifyArgs& args, cudaStream_t stream
   params.plan = plan_chain_verify(args, kBlocksPerMultiprocessor * multiprocessors);
   const int64_t blocks = chain_verify_num_blocks(args, params.plan);
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  dispatch_dtypes(args, [&](auto prob, auto token) {
-    using Prob = decltype(prob);
-    using Token = decltype(token);
-    if (params.plan.staged) {
-      chain_verify_detail::chain_verify_kernel<Prob, Token, true>
-          <<<static_cast<unsigned>(blocks), DeviceBlock::kThreads, 0, stream>>>(params);
-    } else {
-      chain_verify_detail::chain_verify_kernel<Prob, Token, false>
-          <<<static_cast<unsigned>(blocks), DeviceBlock::kThreads, 0, stream>>>(params);
-    }
+  dispatch_instantiation(args, params.plan, [&](auto prob, auto token, auto staged) {
+    chain_verify_detail::chain_verify_kernel<decltype(prob), decltype(token), decltype(staged)::value>
+        <<<static_cast<unsigned>(blocks), DeviceBlock::kThreads, 0, stream>>>(params);
   });
   return cudaGetLastError();
 }
@@ -82,18 +84,13 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
   params.plan = plan_chain_verify(args, kHostTargetBlocks);
   const int64_t blocks = chain_verify_num_blocks(args, params.plan);
   const int32_t error_before = args.counters[kChainErrorWord];
-  dispatch_dtypes(args, [&](auto prob, auto token) {
-    using Prob = decltype(prob);
-    using Token = decltype(token);
+  dispatch_instantiation(args, params.plan, [&](auto prob, auto token, auto staged) {
     // Blocks one after another: with tickets, in ticket order. The emulated
     // block's shared memory is reused by each.
     TruncationHistogram histogram;
     run_host_blocks(blocks, [&params, &histogram](const SimtHostBlock& block, int64_t index) {
-      if (params.plan.staged) {
-        chain_verify_detail::chain_verify_block<SimtHostBlock, Prob, Token, true>(block, params, index, &histogram);
-      } else {
-        chain_verify_detail::chain_verify_block<SimtHostBlock, Prob, Token, false>(block, params, index, &histogram);
-      }
+      chain_verify_detail::chain_verify_block<SimtHostBlock, decltype(prob), decltype(token), decltype(staged)::value>(
+          block, params, index, &histogram);
     });
   });
   return args.counters[kChainErrorWord] != error_before ? "counters found inconsistent (a wait gave up or a ticket was out of range: counters left dirty by a call that never finished?)" : nullptr;
