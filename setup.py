@@ -90,7 +90,7 @@ def _cuda_extension_plan() -> tuple[list, dict]:
 
     extension = CppExtension(
         name="specdec_kernels._C",
-        sources=["csrc/bindings.cpp"],
+        sources=[path.relative_to(ROOT).as_posix() for path in recipe.binding_sources(CSRC)],
         include_dirs=[str(CSRC / "include"), str(cuda_home / "include")],
         extra_compile_args={"cxx": recipe.CXX_FLAGS},
         extra_link_args=recipe.link_flags(cuda_home),

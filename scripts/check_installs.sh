@@ -45,7 +45,7 @@ step "python -m build (isolated: sdist, then a wheel from it)"
     || { tail -n 40 "$work/build.log"; fail "python -m build"; }
 ls "$work/dist"
 sdist_members="$(tar tzf "$work"/dist/specdec_kernels-*.tar.gz)"
-for member in csrc/bindings.cpp csrc/chain_verify.cu csrc/include/specdec/sampling.cuh kernels/chain_verify.py \
+for member in csrc/bindings/module.cpp csrc/bindings/common.h csrc/chain_verify.cu csrc/include/specdec/sampling.cuh kernels/chain_verify.py \
               bench/harness.py LICENSE; do
     grep -q "/$member\$" <<<"$sdist_members" || fail "sdist lacks $member"
 done

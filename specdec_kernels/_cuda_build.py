@@ -11,7 +11,7 @@ This module imports nothing from torch or from the package at module level:
 * ``csrc/*.cu`` are compiled by nvcc through a small generated ninja file
   (``torch.utils.cpp_extension`` refuses ``.cu`` sources when torch itself
   has no CUDA, as on the CPU-only CI machines);
-* their objects are linked with ``csrc/bindings.cpp`` against the *static*
+* their objects are linked with ``csrc/bindings/*.cpp`` against the *static*
   CUDA runtime: the extension never loads a second shared ``libcudart``
   (of this toolkit's CUDA version) next to the one torch loads, and needs no
   ``RUNPATH`` into the toolkit.
@@ -42,7 +42,7 @@ CUDA_LIBRARIES = ["cudart_static", "dl", "rt", "pthread"]
 def source_dir(package_dir: Path) -> Path | None:
     """The CUDA sources: ``specdec_kernels/_csrc`` when installed, else the checkout's ``csrc/``."""
     for candidate in (package_dir / "_csrc", package_dir.parent / "csrc"):
-        if (candidate / "bindings.cpp").is_file():
+        if (candidate / "bindings" / "module.cpp").is_file():
             return candidate
     return None
 
@@ -51,9 +51,15 @@ def cuda_sources(csrc: Path) -> list[Path]:
     return sorted(csrc.glob("*.cu"))
 
 
+def binding_sources(csrc: Path) -> list[Path]:
+    """The torch.library bindings, compiled by the host compiler against torch (one file per op)."""
+    return sorted((csrc / "bindings").glob("*.cpp"))
+
+
 def all_sources(csrc: Path) -> list[Path]:
     """Every file the extension is compiled from (the first-use cache is keyed by their contents)."""
-    return [*cuda_sources(csrc), csrc / "bindings.cpp", *sorted((csrc / "include").rglob("*.cuh"))]
+    return [*cuda_sources(csrc), *binding_sources(csrc), *sorted((csrc / "bindings").glob("*.h")),
+            *sorted((csrc / "include").rglob("*.cuh"))]
 
 
 def find_cuda_home() -> Path | None:

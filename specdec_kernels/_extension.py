@@ -4,7 +4,7 @@
 (``pip install --no-build-isolation``); otherwise the first call that needs
 the CUDA backend on a GPU compiles the same sources into a per-user cache
 (``_jit.py``). Loading it registers the raw ops under
-``torch.ops.specdec_C`` (``csrc/bindings.cpp``); the package works without
+``torch.ops.specdec_C`` (``csrc/bindings/``); the package works without
 it (reference and Triton backends). The installed module is tried once, on
 the first question asked here, and never touches CUDA: loading the library
 registers ops and creates no CUDA context.

@@ -129,7 +129,7 @@ def _build(csrc: Path, directory: Path, cuda_home: Path, arch_list: str, ninja: 
     try:
         cpp_extension.load(
             name=LIBRARY_NAME,
-            sources=[str(csrc / "bindings.cpp")],
+            sources=[str(path) for path in _cuda_build.binding_sources(csrc)],
             extra_cflags=_cuda_build.CXX_FLAGS,
             extra_ldflags=[*objects, *_cuda_build.link_flags(cuda_home)],
             extra_include_paths=[str(csrc / "include"), str(cuda_home / "include")],

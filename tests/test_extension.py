@@ -16,7 +16,7 @@ import torch
 from specdec_kernels._cuda_build import find_ninja
 from specdec_kernels._extension import cuda_extension_available, extension_error, extension_ops
 
-# Every op csrc/bindings.cpp registers under torch.ops.specdec_C; add new ones here.
+# Every op csrc/bindings/ registers under torch.ops.specdec_C; add new ones here.
 EXPECTED_OPS = ("rng_fill", "chain_verify", "chain_verify_packed", "build_tree", "compact_kv", "tree_verify",
                 "tree_attention")
 

@@ -52,7 +52,7 @@ def test_sdist_carries_every_source(sdist_and_wheel):
     sdist, _ = sdist_and_wheel
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    wanted = _relative([*REPO_ROOT.glob("csrc/*.cu"), REPO_ROOT / "csrc" / "bindings.cpp",
+    wanted = _relative([*REPO_ROOT.glob("csrc/*.cu"), *REPO_ROOT.glob("csrc/bindings/*"),
                         *REPO_ROOT.glob("csrc/include/specdec/*.cuh"), *REPO_ROOT.glob("kernels/*.py"),
                         *REPO_ROOT.glob("bench/*.py"), *REPO_ROOT.glob("specdec_kernels/**/*.py")], REPO_ROOT)
     assert len(wanted) > 40
@@ -65,8 +65,9 @@ def test_wheel_carries_the_package_its_benchmarks_and_cuda_sources(sdist_and_whe
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         metadata = next(archive.read(name).decode() for name in names if name.endswith(".dist-info/METADATA"))
-    cuda = _relative([*REPO_ROOT.glob("csrc/*.cu"), *REPO_ROOT.glob("csrc/include/specdec/*.cuh")], REPO_ROOT)
-    for name in cuda | {"csrc/bindings.cpp"}:
+    cuda = _relative([*REPO_ROOT.glob("csrc/*.cu"), *REPO_ROOT.glob("csrc/bindings/*"),
+                      *REPO_ROOT.glob("csrc/include/specdec/*.cuh")], REPO_ROOT)
+    for name in cuda:
         assert "specdec_kernels/_" + name in names, name
     for name in _relative(REPO_ROOT.glob("kernels/*.py"), REPO_ROOT / "kernels"):
         assert f"specdec_kernels/_kernels/{name}" in names, name

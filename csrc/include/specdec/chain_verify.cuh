@@ -113,7 +113,7 @@
 // check the index math, workspace layout, sampler and finishing logic.
 //
 // This header includes no torch header; it compiles under nvcc and, without
-// the device parts, under a plain C++ compiler (csrc/bindings.cpp).
+// the device parts, under a plain C++ compiler (csrc/bindings/).
 #pragma once
 
 #include <cstdint>
