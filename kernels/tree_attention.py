@@ -26,11 +26,12 @@ workspace (one launch; it puts the counter back to zero). No program waits
 for another. Both forms run the same merge, splits in order, so they give
 the same bits.
 
-Defined outcomes (the reference's, reference/tree_attention.py): a key
-whose block-table column is past ``max_blocks`` or whose block id lies
-outside ``[0, num_blocks)`` is invisible and never read; rows of nodes at or
-past ``num_nodes[b]`` and rows that see no key are zero. Offsets that
-multiply a stride are 64-bit.
+Defined outcomes (the reference's, reference/tree_attention.py): only the
+prefix and the live nodes' keys are read (a padding node's slot may hold
+anything); a key whose block-table column is past ``max_blocks`` or whose
+block id lies outside ``[0, num_blocks)`` is invisible and never read; rows
+of nodes at or past ``num_nodes[b]`` and rows that see no key are zero.
+Offsets that multiply a stride are 64-bit.
 """
 
 from __future__ import annotations
@@ -85,13 +86,15 @@ def _online_softmax_step(q, k, v, visible, acc, row_max, row_sum, scale_log2):
 
 
 @triton.jit
-def _inverse_or_zero(total):
-    """``1 / total``, or 0 for a row that saw no key (``total == 0``): its output is zero.
+def _normalised(acc, total):
+    """``acc / total`` per row, and exactly 0 for a row that saw no key (``total == 0``), whatever ``acc`` holds
+    (a select, not a product: ``0 * NaN`` is NaN).
 
     div_rn: ``/`` lowers to an approximate division on GPUs.
     """
-    positive = total > 0.0
-    return tl.where(positive, tl.math.div_rn(tl.zeros_like(total) + 1.0, tl.where(positive, total, 1.0)), 0.0)
+    seen = total > 0.0
+    inverse = tl.math.div_rn(tl.zeros_like(total) + 1.0, tl.where(seen, total, 1.0))
+    return tl.where(seen[:, None], acc * inverse[:, None], 0.0)
 
 
 @triton.jit
@@ -119,9 +122,10 @@ def _tree_attention_kernel(
     node = rows // group
     head = kv_head * group + rows % group
     in_tree = node < max_nodes
-    live = in_tree
+    live_nodes = max_nodes
     if HAS_NUM_NODES:
-        live = live & (node < tl.load(num_nodes_ptr + request * stride_num_nodes))
+        live_nodes = tl.minimum(tl.load(num_nodes_ptr + request * stride_num_nodes), max_nodes)
+    live = node < live_nodes
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + request * stride_q_b + (node.to(tl.int64) * stride_q_n + head.to(tl.int64) * stride_q_h)[:, None]
                 + dims[None, :], mask=in_tree[:, None], other=0.0)
@@ -154,11 +158,12 @@ def _tree_attention_kernel(
 
     # Tree block: node j's key is at prefix + j; row i sees it iff bit j of
     # its mask row is set (bit 31 reads back from a negative int32 as well).
+    # Only live nodes' keys are read: a padding node's slot may hold anything.
     if split == num_splits - 1:
         mask_rows_ptr = tree_mask_ptr + request * stride_mask_b + node.to(tl.int64) * stride_mask_n
-        for tree_start in range(0, max_nodes, BLOCK_N):
+        for tree_start in range(0, live_nodes, BLOCK_N):
             tree_index = tree_start + keys
-            in_range = tree_index < max_nodes
+            in_range = tree_index < live_nodes
             k, v, stored = _load_keys(k_head_ptr, v_head_ptr, table_row_ptr, prefix + tree_index, in_range,
                                       num_blocks, max_blocks, block_size_log2, stride_table_m, stride_k_block,
                                       stride_k_slot, stride_v_block, stride_v_slot, HEAD_DIM, FLOAT32_TILES)
@@ -189,7 +194,7 @@ def _tree_attention_kernel(
                                 merged_node < max_nodes, num_splits, HEAD_DIM)
                 tl.atomic_xchg(merge_counter_ptr + program, 0, sem="relaxed")
     else:
-        out = acc * _inverse_or_zero(row_sum)[:, None]
+        out = _normalised(acc, row_sum)
         tl.store(out_ptr + row_offsets[:, None] * HEAD_DIM + dims[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=in_tree[:, None])
 
@@ -220,7 +225,7 @@ def _merge_rows(out_ptr, partial_acc_ptr, partial_max_ptr, partial_sum_ptr, rows
         total += weight * tl.load(partial_sum_ptr + partial + split, mask=in_range, other=0.0, cache_modifier=".cg")
         acc += weight[:, None] * tl.load(partial_acc_ptr + (partial + split)[:, None] * HEAD_DIM + dims[None, :],
                                          mask=in_range[:, None], other=0.0, cache_modifier=".cg")
-    out = acc * _inverse_or_zero(total)[:, None]
+    out = _normalised(acc, total)
     tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], out.to(out_ptr.dtype.element_ty),
              mask=in_range[:, None])
 

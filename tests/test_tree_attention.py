@@ -65,7 +65,8 @@ def gather_requests(k_cache, v_cache, block_tables, prefix_lens, tree_bits, num_
     table, and the ``[N, L]`` visibility of each position to each node.
 
     A position whose column is past the table or whose block id is out of
-    range is not visible; neither is anything to a node past ``num_nodes``.
+    range is not visible, nor is a padding node's key (it is not read), nor
+    anything to a node past ``num_nodes``.
     """
     num_blocks, block_size = k_cache.shape[:2]
     max_blocks = block_tables.shape[1]
@@ -78,14 +79,14 @@ def gather_requests(k_cache, v_cache, block_tables, prefix_lens, tree_bits, num_
         keys = torch.zeros(length, *k_cache.shape[2:], dtype=torch.float64)
         values = torch.zeros_like(keys)
         stored = [False] * length
-        for position in range(length):
+        live = tree_size if num_nodes is None else int(num_nodes[b])
+        for position in range(min(length, prefix + live)):
             column = position // block_size
             block = int(block_tables[b, column]) if column < max_blocks else -1
             if 0 <= block < num_blocks:
                 stored[position] = True
                 keys[position] = k_cache[block, position % block_size].double()
                 values[position] = v_cache[block, position % block_size].double()
-        live = tree_size if num_nodes is None else int(num_nodes[b])
         visible = [
             [i < live and stored[position] and (position < prefix or bits[b][i][position - prefix])
              for position in range(length)]
@@ -191,6 +192,84 @@ def test_arbitrary_mask_bits(dtype, backend, device):
     tree_bits[:, 5, 63] = True  # node 5 sees the prefix and node 63 only
     inputs = (q, k_cache, v_cache, block_tables, prefix_lens)
     check_against_float64(inputs, tree_bits, None, 0.1, backend, device)
+
+
+def unread_slots_case(dtype=torch.float16):
+    """``(clean, poisoned, tree_bits, num_nodes)``: inputs ``(q, k_cache, v_cache, block_tables, prefix_lens)``
+    whose caches differ only in the slots the op does not read (padding nodes' keys, positions past each tree,
+    blocks no request owns), +inf in K and NaN in V in ``poisoned``. Random mask bits, set for padding nodes too."""
+    generator = torch.Generator().manual_seed(23)
+    batch_size, tree_size, block_size = 3, 9, 8
+    q, k_cache, v_cache, block_tables, prefix_lens, _ = make_inputs(
+        generator, batch_size, tree_size, 8, 2, 64, dtype, block_size, torch.tensor([21, 3, 40], dtype=torch.int32)
+    )
+    num_nodes = torch.tensor([9, 4, 1], dtype=torch.int32)
+    tree_bits = torch.rand(batch_size, tree_size, tree_size, generator=generator) < 0.5
+    poisoned_k = torch.full_like(k_cache, float("inf"))
+    poisoned_v = torch.full_like(v_cache, float("nan"))
+    for b in range(batch_size):
+        for position in range(int(prefix_lens[b]) + int(num_nodes[b])):
+            block, slot = int(block_tables[b, position // block_size]), position % block_size
+            poisoned_k[block, slot] = k_cache[block, slot]
+            poisoned_v[block, slot] = v_cache[block, slot]
+    return ((q, k_cache, v_cache, block_tables, prefix_lens), (q, poisoned_k, poisoned_v, block_tables, prefix_lens),
+            tree_bits, num_nodes)
+
+
+def nan_in_every_prefix(inputs):
+    """``inputs`` with NaN in the value at position 0 of every request (all have a prefix): every live row reads
+    it."""
+    q, k_cache, v_cache, block_tables, prefix_lens = inputs
+    v_cache = v_cache.clone()
+    v_cache[block_tables[:, 0].long(), 0] = float("nan")
+    return q, k_cache, v_cache, block_tables, prefix_lens
+
+
+def check_rows_that_see_nothing_are_zero(out, num_nodes):
+    """Padding rows exactly zero, live rows NaN (they read the NaN: garbage in, garbage out)."""
+    live = torch.arange(out.shape[1])[None, :] < num_nodes[:, None].long()
+    assert (out[~live] == 0).all()
+    assert out[live].isnan().all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slots_the_op_does_not_read_never_reach_the_output(backend, device):
+    clean, poisoned, tree_bits, num_nodes = unread_slots_case()
+    tree_mask = pack_bits(tree_bits)
+    out = run_tree_attention(*poisoned, tree_mask, num_nodes, 0.125, backend, device)
+    assert torch.equal(out, run_tree_attention(*clean, tree_mask, num_nodes, 0.125, backend, device))
+    check_error(out, clean, tree_bits, num_nodes, 0.125)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_that_see_nothing_are_zero_whatever_the_cache_holds(backend, device):
+    clean, _, tree_bits, num_nodes = unread_slots_case()
+    out = run_tree_attention(*nan_in_every_prefix(clean), pack_bits(tree_bits), num_nodes, 0.125, backend, device)
+    check_rows_that_see_nothing_are_zero(out, num_nodes)
+
+
+@pytest.mark.parametrize("head_dim", [24, 96])
+def test_the_reference_takes_any_head_dim(head_dim):
+    generator = torch.Generator().manual_seed(head_dim)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, 2, 5, 4, 2, head_dim, torch.float32
+    )
+    inputs = (q, k_cache, v_cache, block_tables, prefix_lens)
+    check_against_float64(inputs, ancestor_bits(generator, 2, 5), num_nodes, head_dim**-0.5, "reference", "cpu")
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_the_kernels_reject_other_head_dims_by_name(backend, device):
+    backend_or_skip("tree_attention", backend)
+    generator = torch.Generator().manual_seed(3)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(
+        generator, 1, 2, 4, 2, 96, torch.float16
+    )
+    tensors = [t.to(device) for t in (q, k_cache, v_cache, block_tables, prefix_lens)]
+    mask = pack_bits(ancestor_bits(generator, 1, 2)).to(device)
+    with pytest.raises(ValueError, match=rf"the {backend} kernel needs `q` with a head dimension D in "
+                                         r"\(64, 128, 256\) \(the reference takes any\); got D = 96"):
+        sk.tree_attention(*tensors, mask, backend=backend)
 
 
 def bad_block_ids_case():

@@ -32,9 +32,10 @@ import specdec_kernels as sk
 from conftest import extension_op_marks
 from test_compact_kv_cuda import copy_on
 from test_tree_attention import (ODD_SIZES, OUTSIDE_CONTRACT, against_reference, ancestor_bits, bad_block_ids_case,
-                                 check_bad_block_ids_outcome, check_error, check_in_a_cuda_graph, long_context_case,
-                                 make_inputs, narrow_table_case, odd_size_case, outside_contract_case, pack_bits,
-                                 strided_case)
+                                 check_bad_block_ids_outcome, check_error, check_in_a_cuda_graph,
+                                 check_rows_that_see_nothing_are_zero, long_context_case, make_inputs,
+                                 nan_in_every_prefix, narrow_table_case, odd_size_case, outside_contract_case,
+                                 pack_bits, strided_case, unread_slots_case)
 
 needs_op, needs_gpu, RUNNERS = extension_op_marks("tree_attention")
 
@@ -192,6 +193,27 @@ def test_values_outside_the_contract_have_the_reference_outcome(prefixes, counts
     *tensors, num_nodes = outside_contract_case(prefixes, counts, num_blocks, max_blocks)
     out = run(runner, *tensors, num_nodes)
     against_reference(out, tensors[:5], tensors[5], num_nodes, None, "cpu")
+
+
+# float16: the tensor-core program; float32: the SIMT program. 3 splits: the partial states and their merge.
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_slots_the_op_does_not_read_never_reach_the_output(num_splits, dtype, runner):
+    clean, poisoned, tree_bits, num_nodes = unread_slots_case(dtype)
+    tree_mask = pack_bits(tree_bits)
+    out = run(runner, *poisoned, tree_mask, num_nodes, 0.125, num_splits)
+    assert torch.equal(out, run(runner, *clean, tree_mask, num_nodes, 0.125, num_splits))
+    check_error(out, clean, tree_bits, num_nodes, 0.125)
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_rows_that_see_nothing_are_zero_whatever_the_cache_holds(num_splits, dtype, runner):
+    clean, _, tree_bits, num_nodes = unread_slots_case(dtype)
+    out = run(runner, *nan_in_every_prefix(clean), pack_bits(tree_bits), num_nodes, 0.125, num_splits)
+    check_rows_that_see_nothing_are_zero(out, num_nodes)
 
 
 @pytest.mark.parametrize("runner", RUNNERS)

@@ -15,9 +15,10 @@ import torch
 import specdec_kernels as sk
 from conftest import backend_or_skip
 from test_tree_attention import (ODD_SIZES, OUTSIDE_CONTRACT, against_reference, ancestor_bits,
-                                 check_against_float64, check_error, check_in_a_cuda_graph, long_context_case,
-                                 make_inputs, narrow_table_case, odd_size_case, outside_contract_case, pack_bits,
-                                 strided_case)
+                                 check_against_float64, check_error, check_in_a_cuda_graph,
+                                 check_rows_that_see_nothing_are_zero, long_context_case, make_inputs,
+                                 nan_in_every_prefix, narrow_table_case, odd_size_case, outside_contract_case,
+                                 pack_bits, strided_case, unread_slots_case)
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +50,24 @@ def test_long_context_in_shuffled_blocks_any_split(num_splits, device):
     against_reference(out, inputs, tree_mask, num_nodes, 0.125, device)
     if num_splits == 3:  # float64 once: it gathers the cache position by position
         check_error(out, inputs, tree_bits, num_nodes, 0.125)
+
+
+def test_split_partial_states_keep_unread_slots_and_empty_rows_out(device):
+    """The split path (partial states, then the merge) on the cases of test_tree_attention.py: slots the op does
+    not read never reach the output, rows that see nothing are zero whatever the cache holds."""
+    from specdec_kernels.launchers.tree_attention import triton_tree_attention
+
+    clean, poisoned, tree_bits, num_nodes = unread_slots_case()
+    tree_mask = pack_bits(tree_bits).to(device)
+
+    def split_run(inputs):
+        tensors = [t.to(device) for t in inputs]
+        return triton_tree_attention(*tensors, tree_mask, num_nodes.to(device), 0.125, num_splits=3).cpu()
+
+    out = split_run(poisoned)
+    assert torch.equal(out, split_run(clean))
+    check_error(out, clean, tree_bits, num_nodes, 0.125)
+    check_rows_that_see_nothing_are_zero(split_run(nan_in_every_prefix(clean)), num_nodes)
 
 
 @pytest.mark.parametrize("num_splits", [3, 40])

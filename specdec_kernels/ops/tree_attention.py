@@ -24,7 +24,9 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
     q : Tensor ``[B, N, Hq, D]``
         float16 or bfloat16 (float32 too on the reference and CUDA backends).
     k_cache, v_cache : Tensor ``[num_blocks, block_size, Hkv, D]``
-        Paged cache, dtype of ``q``; ``Hq % Hkv == 0``; ``D`` in {64, 128, 256}.
+        Paged cache, dtype of ``q``; ``Hq % Hkv == 0``; ``D`` in {64, 128, 256} on the kernels, any on the
+        reference. Only the prefix and the live nodes' keys (``prefix_lens[b] + j``, ``j < num_nodes[b]``) are
+        read: padding nodes' slots may hold anything, NaN included.
     block_tables : Tensor, int32 or int64 ``[B, max_blocks]``
         Position ``s`` lives in block ``block_tables[b, s // block_size]``.
         Positions past the table or in blocks outside the cache are masked out.
@@ -58,8 +60,6 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
     check = _validation.Checker(OP_NAME, q.device)
     check.tensor("q", q, (None, None, None, None), _validation.FLOAT_DTYPES, "[B, N, Hq, D]")
     batch_size, max_nodes, query_heads, head_dim = q.shape
-    if head_dim not in HEAD_DIMS:
-        check.fail(f"`q` must have a head dimension D in {HEAD_DIMS}; got D = {head_dim}")
     check.tensor("k_cache", k_cache, (None, None, None, head_dim), (q.dtype,), "[num_blocks, block_size, Hkv, D]")
     check.tensor("v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), "[num_blocks, block_size, Hkv, D]",
                  sizes_from="k_cache")
@@ -76,6 +76,9 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
         scale = head_dim**-0.5
     resolved = _backend.resolve(OP_NAME, backend, q.device)
     block_size = k_cache.shape[1]
+    if resolved != "reference" and head_dim not in HEAD_DIMS:
+        check.fail(f"the {resolved} kernel needs `q` with a head dimension D in {HEAD_DIMS} (the reference takes "
+                   f"any); got D = {head_dim}")
     if resolved != "reference" and block_size & (block_size - 1):
         check.fail(f"the {resolved} kernel needs a power-of-two block size (`k_cache.shape[1]`); got {block_size}")
     return _library.run(

@@ -18,13 +18,16 @@ def visible_keys(
     num_blocks: int,
     block_size: int,
     num_positions: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Which cache positions each node sees, and where they live.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which cache positions the op reads, which of them each node sees, and where they live.
 
-    Returns ``(visible [B, N, L] bool, block_ids [B, L] int64, slots [L] int64)``
-    for positions ``0 .. L-1``; ``block_ids`` is clamped into
-    ``[0, num_blocks)`` so it can index the cache directly, and ``visible`` is
+    Returns ``(read [B, L] bool, visible [B, N, L] bool, block_ids [B, L]
+    int64, slots [L] int64)`` for positions ``0 .. L-1``. A request reads its
+    prefix and the keys of its live nodes (``prefix_lens[b] + j``, ``j <
+    num_nodes[b]``) where they are stored: ``block_ids`` is clamped into
+    ``[0, num_blocks)`` so it can index the cache directly, and ``read`` is
     false wherever the unclamped id (or the block-table column) was invalid.
+    Padding nodes are nobody's ancestors: mask bits for them are ignored.
     """
     batch_size, tree_size, _ = tree_mask.shape
     max_blocks = block_tables.shape[1]
@@ -37,21 +40,23 @@ def visible_keys(
     )
     stored = (column < max_blocks) & (block_ids >= 0) & (block_ids < num_blocks)
 
+    node = torch.arange(tree_size, device=device)
+    live_nodes = torch.full((batch_size, 1), tree_size, dtype=torch.int64, device=device)
+    if num_nodes is not None:
+        live_nodes = num_nodes.to(device=device, dtype=torch.int64)[:, None].clamp(max=tree_size)
     prefix = prefix_lens.to(device=device, dtype=torch.int64)[:, None]
     tree_index = position - prefix  # [B, L]: node j = s - prefix_lens[b]
     in_prefix = tree_index < 0
-    in_tree = (tree_index >= 0) & (tree_index < tree_size)
+    in_tree = (tree_index >= 0) & (tree_index < live_nodes)
+    read = stored & (in_prefix | in_tree)
     safe_index = tree_index.clamp(0, max(tree_size - 1, 0))
     words = tree_mask.gather(2, (safe_index // 32)[:, None, :].expand(-1, tree_size, -1))
     # Arithmetic shift of a negative word still leaves the wanted bit at bit 0.
     tree_bit = ((words >> (safe_index % 32)[:, None, :]) & 1).bool()
 
-    visible = stored[:, None, :] & (in_prefix[:, None, :] | (in_tree[:, None, :] & tree_bit))
-    if num_nodes is not None:
-        node = torch.arange(tree_size, device=device)
-        live = node[None, :] < num_nodes.to(device=device, dtype=torch.int64)[:, None]
-        visible &= live[:, :, None]
-    return visible, block_ids.clamp(0, max(num_blocks - 1, 0)), slots
+    live = node[None, :] < live_nodes  # [B, N]
+    visible = read[:, None, :] & live[:, :, None] & (in_prefix[:, None, :] | tree_bit)
+    return read, visible, block_ids.clamp(0, max(num_blocks - 1, 0)), slots
 
 
 def gathered_positions(prefix_lens: torch.Tensor, tree_size: int, capacity: int) -> int:
@@ -88,6 +93,12 @@ def tree_attention(
     ``< prefix_lens[b]`` and to position ``prefix_lens[b] + j`` iff bit ``j``
     of ``tree_mask[b, i]`` is set (``j < N``). Position ``s`` lives at block
     ``block_tables[b, s // block_size]``, slot ``s % block_size``.
+
+    The op reads the cache at the prefix and at the live nodes' own
+    positions (``prefix_lens[b] + j``, ``j < num_nodes[b]``), nothing else:
+    the slots of padding nodes and of positions past the tree may hold
+    anything, NaN included, without changing the output. Padding nodes are
+    nobody's ancestors (mask bits for them are ignored).
 
     Defined outcomes for bad values (nothing is ever read out of bounds): a
     position whose block-table column is ``>= max_blocks``, or whose block id
@@ -139,11 +150,15 @@ def tree_attention(
     if num_positions == 0 or num_blocks == 0 or tree_size == 0:
         return torch.zeros_like(q)
 
-    visible, block_ids, slots = visible_keys(
+    read, visible, block_ids, slots = visible_keys(
         block_tables, prefix_lens, tree_mask, num_nodes, num_blocks, block_size, num_positions
     )
-    keys = k_cache[block_ids, slots].float()  # [B, L, Hkv, D]
-    values = v_cache[block_ids, slots].float()
+    # What the op does not read is zero: whatever sits in those slots (the
+    # unwritten keys of padding nodes, another request's) cannot reach the
+    # output, not even as 0 * NaN.
+    read = read[:, :, None, None]
+    keys = torch.where(read, k_cache[block_ids, slots].float(), 0.0)  # [B, L, Hkv, D]
+    values = torch.where(read, v_cache[block_ids, slots].float(), 0.0)
     # GQA without repeating K/V: query heads grouped as [Hkv, group].
     queries = q.float().view(batch_size, tree_size, num_kv_heads, group, head_dim)
 
@@ -155,4 +170,8 @@ def tree_attention(
     denominator = weights.sum(-1, keepdim=True)  # 0 exactly when nothing is visible
     weights = weights / torch.where(denominator > 0, denominator, torch.ones_like(denominator))
     out = torch.einsum("bkgnl,blkd->bnkgd", weights, values)
-    return out.reshape(batch_size, tree_size, num_q_heads, head_dim).to(q.dtype)
+    # A row that sees nothing (padding nodes among them) is exactly zero, not 0 * NaN.
+    seen = (denominator > 0).permute(0, 3, 1, 2, 4)  # [B, N, Hkv, group, 1]
+    out = torch.where(seen, out, torch.zeros_like(out))
+    # Contiguous, as the kernels write it (the einsum and the select keep a head-major layout).
+    return out.reshape(batch_size, tree_size, num_q_heads, head_dim).to(q.dtype).contiguous()

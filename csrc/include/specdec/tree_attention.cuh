@@ -44,8 +44,9 @@
 // Keys come in two ranges. The prefix (positions < prefix_lens[b]) is
 // visible to every live node: no mask bit is read there. Split s of S takes
 // the s-th of S equal, tile-aligned slices of it. The tree block (positions
-// prefix_lens[b] + j, j < N) belongs to the last split, which reads bit j
-// of each row's packed ancestor words (TreeInfo.mask). With one split the
+// prefix_lens[b] + j, j < num_nodes[b]: a padding node's slot is never
+// read) belongs to the last split, which reads bit j of each row's packed
+// ancestor words (TreeInfo.mask). With one split the
 // block writes the normalised output; with more, each writes its partial
 // state (acc, max, sum) and a second launch (tree_attention_merge_kernel)
 // combines them in split order: no arrival counters to keep zeroed between
@@ -258,16 +259,19 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE PrefixSlice prefix_slice(const TreeAtten
 }
 
 // The key tiles a block folds, in order: the prefix slice's, then (the last
-// split only) the tree block's.
+// split only) the tree block's, up to the request's last live node: a
+// padding node's slot is never read, so whatever it holds cannot reach the
+// output.
 struct KeyTiles {
   PrefixSlice slice;
-  int64_t prefix_tiles, count;
+  int64_t tree_nodes, prefix_tiles, count;
   int keys;
 
-  SPECDEC_HOST_DEVICE KeyTiles(const TreeAttentionArgs& args, const PrefixSlice& prefix, int64_t split, int tile_keys)
-      : slice(prefix), keys(tile_keys) {
+  SPECDEC_HOST_DEVICE KeyTiles(const TreeAttentionArgs& args, const RowTile& tile, const PrefixSlice& prefix,
+                               int64_t split, int tile_keys)
+      : slice(prefix), tree_nodes(tile.live_nodes > 0 ? tile.live_nodes : 0), keys(tile_keys) {
     prefix_tiles = slice.stop > slice.start ? (slice.stop - slice.start + keys - 1) / keys : 0;
-    count = prefix_tiles + (split == args.num_splits - 1 ? (args.max_nodes + keys - 1) / keys : 0);
+    count = prefix_tiles + (split == args.num_splits - 1 ? (tree_nodes + keys - 1) / keys : 0);
   }
 
   // -1 for a prefix tile; for a tree tile its first node (key n is tree
@@ -276,11 +280,10 @@ struct KeyTiles {
 
   // Tile t's first position and its keys from there on (the tile takes at
   // most `keys` of them).
-  SPECDEC_HOST_DEVICE void get(const TreeAttentionArgs& args, int64_t t, int64_t* first_position,
-                               int64_t* remaining) const {
+  SPECDEC_HOST_DEVICE void get(int64_t t, int64_t* first_position, int64_t* remaining) const {
     const int64_t j = tree_start(t);
     *first_position = j < 0 ? slice.start + t * keys : wrapping_add(slice.prefix, j);
-    *remaining = j < 0 ? slice.stop - *first_position : args.max_nodes - j;
+    *remaining = j < 0 ? slice.stop - *first_position : tree_nodes - j;
   }
 };
 
@@ -571,10 +574,10 @@ SPECDEC_HOST_DEVICE void tree_attention_block(const Block& block, const TreeAtte
     for (int i = 0; i < Shape::kDimsPerLane; ++i) state.acc[r][i] = 0.0f;
   }
 
-  const KeyTiles key_tiles(args, prefix_slice(args, tile, split, Shape::kKeys), split, Shape::kKeys);
+  const KeyTiles key_tiles(args, tile, prefix_slice(args, tile, split, Shape::kKeys), split, Shape::kKeys);
   for (int64_t t = 0; t < key_tiles.count; ++t) {
     int64_t first_position, remaining;
-    key_tiles.get(args, t, &first_position, &remaining);
+    key_tiles.get(t, &first_position, &remaining);
     fold_key_tile<Block, Value, kHeadDim>(block, args, tiles, tile, first_position, remaining,
                                           key_tiles.tree_start(t), state);
   }

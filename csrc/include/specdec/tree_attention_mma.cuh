@@ -152,7 +152,7 @@ SPECDEC_HOST_DEVICE void issue_key_tile(const Block& block, const TreeAttentionA
   constexpr int kPerCopy = static_cast<int>(sizeof(Bytes16) / sizeof(Value));
   constexpr int kCopiesPerHead = kHeadDim / kPerCopy;
   int64_t first_position, remaining;
-  key_tiles.get(args, t, &first_position, &remaining);
+  key_tiles.get(t, &first_position, &remaining);
   Value* keys = tiles.k(buffer);
   Value* values = tiles.v(buffer);
   int32_t* stored = tiles.stored(buffer);
@@ -371,7 +371,7 @@ SPECDEC_HOST_DEVICE void tree_attention_mma_block(const Block& block, const Tree
 
   // Software pipeline over the key tiles: tile t + 1 is in flight while
   // tile t is folded, in the other buffer.
-  const KeyTiles key_tiles(args, prefix_slice(args, tile, split, Shape::kKeys), split, Shape::kKeys);
+  const KeyTiles key_tiles(args, tile, prefix_slice(args, tile, split, Shape::kKeys), split, Shape::kKeys);
   if (key_tiles.count > 0) issue_key_tile<Block, Value, kHeadDim>(block, args, tiles, 0, tile, key_tiles, 0);
   for (int64_t t = 0; t < key_tiles.count; ++t) {
     const int buffer = static_cast<int>(t & 1);
