@@ -142,6 +142,33 @@ def test_bad_entries_are_skipped(backend, device):
     check(*bad_entries_case(), backend, device)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.float64])
+def test_fp8_int8_and_float64_caches_move_their_bits(dtype, backend, device):
+    """A move copies bits, whatever the cache dtype: random bytes (NaN and subnormal patterns included) land
+    where the sequential oracle, run on the bytes, puts them."""
+    backend_or_skip("compact_kv", backend)
+    _, _, block_tables, prefix_lens, accepted_nodes = overlapping_moves_case(torch.float32)
+    generator = torch.Generator().manual_seed(29)
+    num_blocks = int(block_tables.max()) + 4
+    width = 8 * torch.empty((), dtype=dtype).element_size()  # 8 elements a head, as bytes
+    k_bytes, v_bytes = (torch.randint(0, 256, (num_blocks, BLOCK_SIZE, 2, width), generator=generator,
+                                      dtype=torch.uint8) for _ in range(2))
+    want_k, want_v = expected_compact(k_bytes, v_bytes, block_tables, prefix_lens, accepted_nodes)
+    got_k, got_v = k_bytes.view(dtype).to(device), v_bytes.view(dtype).to(device)
+    sk.compact_kv(got_k, got_v, block_tables.to(device), prefix_lens.to(device), accepted_nodes.to(device),
+                  backend=backend)
+    assert torch.equal(got_k.cpu().view(torch.uint8), want_k)
+    assert torch.equal(got_v.cpu().view(torch.uint8), want_v)
+
+
+def test_other_cache_dtypes_are_refused_by_name():
+    cache = torch.zeros(2, BLOCK_SIZE, 1, 8, dtype=torch.complex128)
+    index = torch.zeros(1, 1, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"compact_kv: `k_cache` must have dtype .*float8_e4m3fn.*; got complex128"):
+        sk.compact_kv(cache, cache.clone(), index, index[0], index, backend="reference")
+
+
 def check_against_reference(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, device):
     """The Triton backend leaves both caches bit-equal to the reference's (whole caches)."""
     backend_or_skip("compact_kv", "triton")

@@ -36,8 +36,10 @@ def build_tree(parents, *, num_nodes=None, prefix_lens=None, backend="auto", val
     Parameters
     ----------
     parents : Tensor, int32 or int64 ``[B, N]``
-        ``parents[b, 0] == -1``, ``0 <= parents[b, i] < i``. A node whose
-        parent breaks this, and its descendants, are treated as padding.
+        ``parents[b, 0] == -1``, ``0 <= parents[b, i] < i``. Node 0 is the
+        root whatever its entry says (only ``validate`` looks at it); any other
+        node whose parent is outside ``[0, i)``, and its descendants, are
+        treated as padding.
     num_nodes : Tensor, int32 or int64 ``[B]``, optional
         Nodes per request; nodes at or past it are padding (a count below 1
         leaves every node padding, one above ``N`` means ``N``).

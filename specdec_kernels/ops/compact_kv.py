@@ -9,6 +9,9 @@ from ..launchers.compact_kv import cuda_compact_kv, triton_compact_kv
 from ..reference import compact_kv as reference
 
 OP_NAME = "compact_kv"
+# A move copies bits, so any cache element of 1, 2, 4 or 8 bytes moves: fp8 and int8 (quantised) caches too.
+CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8,
+                torch.uint8, torch.int16, torch.int32, torch.int64, torch.float64)
 
 
 def compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, *, backend="auto"):
@@ -16,7 +19,8 @@ def compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, *, b
 
     For each request, the K/V of node ``accepted_nodes[b, d]`` (position
     ``prefix_lens[b] + accepted_nodes[b, d]``) moves to position
-    ``prefix_lens[b] + d`` for every ``d`` before the first ``-1``. All
+    ``prefix_lens[b] + d`` for every ``d`` before the first negative entry
+    (``-1`` pads ``tree_verify``'s paths; any negative entry ends one). All
     sources are read before any destination is written, so overlapping moves
     are safe. Moves that fall outside the block table or the cache are skipped.
     The Triton and CUDA backends equal the reference except where two
@@ -27,6 +31,7 @@ def compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, *, b
     Parameters
     ----------
     k_cache, v_cache : Tensor ``[num_blocks, block_size, Hkv, D]``
+        Any strides; one dtype of ``CACHE_DTYPES`` (bits are copied: fp8 and int8 caches too).
     block_tables : Tensor, int32 or int64 ``[B, max_blocks]``
     prefix_lens : Tensor, int32 or int64 ``[B]``
     accepted_nodes : Tensor, int32 or int64 ``[B, N]``
@@ -46,8 +51,7 @@ def compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_nodes, *, b
     if not isinstance(k_cache, torch.Tensor):
         raise TypeError(f"{OP_NAME}: `k_cache` must be a torch.Tensor; got {type(k_cache).__name__}")
     check = _validation.Checker(OP_NAME, k_cache.device)
-    check.tensor("k_cache", k_cache, (None, None, None, None), _validation.FLOAT_DTYPES,
-                 "[num_blocks, block_size, Hkv, D]")
+    check.tensor("k_cache", k_cache, (None, None, None, None), CACHE_DTYPES, "[num_blocks, block_size, Hkv, D]")
     check.tensor("v_cache", v_cache, tuple(k_cache.shape), (k_cache.dtype,), "[num_blocks, block_size, Hkv, D]")
     check.tensor("accepted_nodes", accepted_nodes, (None, None), _validation.TOKEN_DTYPES, "[B, N]")
     batch_size = accepted_nodes.shape[0]
