@@ -79,7 +79,7 @@ def chain_verify(
         every parameter off pays nothing.
     bonus_token_ids : Tensor int32/int64 ``[B]`` or None
         A request whose drafts are all accepted emits this token (from the engine's own sampler)
-        instead of sampling; that row is then not read.
+        instead of sampling or taking the argmax (greedy requests too); that row is then not read.
     backend : {"auto", "reference", "triton", "cuda"}
     validate : bool
         Check token ids, counts, temperatures and the distributions' values

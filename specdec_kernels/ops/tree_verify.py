@@ -61,7 +61,8 @@ def tree_verify(
     bonus_token_ids : Tensor int32/int64 ``[B]`` or None
         A request whose accepted path ends where no child was rejected (a
         leaf: as a chain whose drafts were all accepted) emits this token
-        instead of sampling; that row is then not read.
+        instead of sampling or taking the argmax (greedy requests too);
+        that row is then not read.
     draft_sampling : {"without_replacement", "with_replacement"}
         How the children of a node were drawn from ``draft``.
 
