@@ -116,6 +116,18 @@ def test_logits_give_the_walk_plans_tokens(monkeypatch, device):
         assert torch.equal(staged[0], walked[0]) and torch.equal(staged[1], walked[1])
 
 
+def test_the_launchers_mirrors_of_kernel_constants_agree():
+    """The launchers size the stage records from copies of the kernels' constants (they cannot import the
+    kernels modules at load time: Triton is optional); a kernel change must be mirrored."""
+    from specdec_kernels._kernels import tree_verify_stages, truncation, truncation_measures
+    from specdec_kernels.launchers import tree_verify as tree_launcher
+
+    assert launcher.STAGES_PER_REQUEST == truncation.NUM_STAGES.value
+    assert launcher.STAGE_HEADER_WORDS == tree_verify_stages.STAGE_WORDS.value
+    assert tree_launcher.STAGE_WORDS == tree_verify_stages.STAGE_WORDS.value
+    assert launcher.SEARCH_CANDIDATES == truncation_measures.CANDIDATES.value
+
+
 @pytest.mark.parametrize("multiprocessors", [None, 132])
 def test_stage_records_do_not_decrease(monkeypatch, multiprocessors):
     """A reservation for the largest B, K + 1, V covers every smaller call's stage records."""
