@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "common.h"
-#include "specdec/build_tree.cuh"
+#include "specdec/build_tree.cuh"  // kMaskWordBits
 #include "specdec/tree_attention.cuh"
 
 namespace specdec::bindings {
