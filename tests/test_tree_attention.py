@@ -426,6 +426,7 @@ def narrow_table_case():
 OUTSIDE_CONTRACT = [
     ([-2, -10], None, 6, 3),  # negative prefixes: tree nodes before position 0 are invisible
     ([3, 4], [0, 9], 6, 3),  # counts outside [1, N]
+    ([3, 4], [-3, 2], 6, 3),  # a negative count: no live node
     ([2**31 - 1, 7], None, 6, 3),  # a prefix far past the table
     ([3, 4], None, 0, 3),  # an empty cache
     ([3, 4], None, 6, 0),  # an empty table

@@ -213,7 +213,7 @@ struct RowStates {
 
 // Where a (request, KV head, row tile) block's rows come from.
 struct RowTile {
-  int64_t request, kv_head, first_row, group, live_nodes;
+  int64_t request, kv_head, first_row, group, live_nodes;  // live_nodes in [0, N]
 
   SPECDEC_HOST_DEVICE int64_t node(int row) const { return (first_row + row) / group; }
   SPECDEC_HOST_DEVICE int64_t head(int row) const { return kv_head * group + (first_row + row) % group; }
@@ -235,7 +235,7 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RowTile row_tile_of(const TreeAttentionA
   tile.live_nodes = args.max_nodes;
   if (args.num_nodes.data != nullptr) {
     const int64_t live = args.num_nodes[tile.request * args.num_nodes_stride];
-    tile.live_nodes = live < args.max_nodes ? live : args.max_nodes;
+    tile.live_nodes = live < 0 ? 0 : (live < args.max_nodes ? live : args.max_nodes);
   }
   return tile;
 }
@@ -269,7 +269,7 @@ struct KeyTiles {
 
   SPECDEC_HOST_DEVICE KeyTiles(const TreeAttentionArgs& args, const RowTile& tile, const PrefixSlice& prefix,
                                int64_t split, int tile_keys)
-      : slice(prefix), tree_nodes(tile.live_nodes > 0 ? tile.live_nodes : 0), keys(tile_keys) {
+      : slice(prefix), tree_nodes(tile.live_nodes), keys(tile_keys) {
     prefix_tiles = slice.stop > slice.start ? (slice.stop - slice.start + keys - 1) / keys : 0;
     count = prefix_tiles + (split == args.num_splits - 1 ? (tree_nodes + keys - 1) / keys : 0);
   }
