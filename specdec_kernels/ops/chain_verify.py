@@ -68,7 +68,7 @@ def chain_verify(
         makes it symbolic, not one per step.
     top_k : Tensor int32/int64 ``[B]``, int, or None
         Keep the ``top_k`` most probable tokens of every target row (ties at
-        the threshold kept); ``0`` = off.
+        the threshold kept); ``0`` or ``>= V`` = off.
     top_p : Tensor float32 ``[B]``, float, or None
         Then keep the smallest set of most probable tokens whose mass reaches
         ``top_p``; ``1`` = off.
