@@ -87,8 +87,13 @@ _OVERLOADS: dict[str, torch._ops.OpOverload] = {}
 _DISPATCHERS: dict[str, Callable] = {}
 
 
-def register(op_name: str, implementations: dict[str, Callable], fake: Callable) -> None:
+def register(op_name: str, implementations: dict[str, Callable], fake: Callable,
+             auto_choice: Callable | None = None) -> None:
     """Register ``op_name``'s backends (keyed by backend name) and its fake.
+
+    ``auto_choice(resolved, *arguments)``, when given, may change what
+    ``"auto"`` resolved to from the device alone into another backend for
+    these arguments (the public function applies the same).
 
     Every implementation takes all the schema's arguments except the
     trailing ``backend``. The public functions pass a resolved backend; a
@@ -114,7 +119,10 @@ def register(op_name: str, implementations: dict[str, Callable], fake: Callable)
         *arguments, backend = args if len(args) == len(defaults) else (*args, *defaults[len(args):])
         implementation = implementations.get(backend)
         if implementation is None:
-            implementation = implementations[_backend.resolve(op_name, backend, arguments[device_index].device)]
+            resolved = _backend.resolve(op_name, backend, arguments[device_index].device)
+            if backend == "auto" and auto_choice is not None:
+                resolved = auto_choice(resolved, *arguments)
+            implementation = implementations[resolved]
         if seed_index is not None and arguments[seed_index] is None:
             arguments[seed_index] = (0 if arguments[seed_tensor_index] is not None
                                      else _validation.fresh_seed(op_name, arguments[device_index].device))

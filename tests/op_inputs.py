@@ -19,10 +19,11 @@ def tree_inputs(device):
 
 
 def cache_inputs(device):
+    """float16: every backend's dtype (the Triton kernel refuses float32)."""
     generator = torch.Generator().manual_seed(2)
-    q = torch.randn(2, 5, 4, 64, generator=generator)
-    k_cache = torch.randn(6, 4, 2, 64, generator=generator)
-    v_cache = torch.randn(6, 4, 2, 64, generator=generator)
+    q = torch.randn(2, 5, 4, 64, generator=generator).half()
+    k_cache = torch.randn(6, 4, 2, 64, generator=generator).half()
+    v_cache = torch.randn(6, 4, 2, 64, generator=generator).half()
     tables = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
     lens = torch.tensor([3, 5], dtype=torch.int32)
     return tuple(t.to(device) for t in (q, k_cache, v_cache, tables, lens))

@@ -130,7 +130,7 @@ def test_a_whole_tree_step_compiles(device):
     def step(q, k_cache, v_cache, tokens, parents, seed):
         info = sk.build_tree(parents, num_nodes=num_nodes_per_request, prefix_lens=lens)
         attended = sk.tree_attention(q, k_cache, v_cache, tables, lens, info.mask, num_nodes=num_nodes_per_request)
-        logits = head(attended.flatten(2))
+        logits = head(attended.flatten(2).float())
         accepted_nodes, output, num_accepted = sk.tree_verify(tokens, parents, logits, num_nodes=num_nodes_per_request,
                                                               logits=True, seed=seed, offset=1)
         sk.compact_kv(k_cache, v_cache, tables, lens, accepted_nodes)

@@ -26,7 +26,7 @@ def run_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask
     """The op on ``device``; inputs and output on the CPU."""
     backend_or_skip("tree_attention", backend)
     if q.dtype == torch.float32 and backend == "triton":
-        pytest.skip("float32 inputs are for the reference and CUDA backends only")
+        pytest.skip("the Triton kernel refuses float32 (test_the_triton_kernel_refuses_float32)")
     tensors = [t.to(device) for t in (q, k_cache, v_cache, block_tables, prefix_lens, tree_mask)]
     out = sk.tree_attention(
         *tensors, num_nodes=None if num_nodes is None else num_nodes.to(device), scale=scale, backend=backend
@@ -270,6 +270,33 @@ def test_the_kernels_reject_other_head_dims_by_name(backend, device):
     with pytest.raises(ValueError, match=rf"the {backend} kernel needs `q` with a head dimension D in "
                                          r"\(64, 128, 256\) \(the reference takes any\); got D = 96"):
         sk.tree_attention(*tensors, mask, backend=backend)
+
+
+def test_the_triton_kernel_refuses_float32(device):
+    backend_or_skip("tree_attention", "triton")
+    generator = torch.Generator().manual_seed(4)
+    q, k_cache, v_cache, block_tables, prefix_lens, _ = make_inputs(generator, 1, 2, 4, 2, 64, torch.float32)
+    tensors = [t.to(device) for t in (q, k_cache, v_cache, block_tables, prefix_lens)]
+    mask = pack_bits(ancestor_bits(generator, 1, 2)).to(device)
+    with pytest.raises(TypeError, match=r"the triton kernel takes float16 or bfloat16 `q` \(float32 tiles spill on "
+                                        r"GPUs\); got float32: use backend 'cuda' or 'reference'"):
+        sk.tree_attention(*tensors, mask, backend="triton")
+
+
+def test_auto_takes_float32_away_from_triton(monkeypatch):
+    """Where ``auto`` would pick Triton (CUDA tensors), float32 inputs go to the CUDA kernel, or without it to the
+    reference, through the public function and the registered op alike (backend choice stubbed: no GPU here)."""
+    from specdec_kernels import _backend
+
+    generator = torch.Generator().manual_seed(6)
+    q, k_cache, v_cache, block_tables, prefix_lens, num_nodes = make_inputs(generator, 2, 5, 4, 2, 64,
+                                                                            torch.float32)
+    inputs = (q, k_cache, v_cache, block_tables, prefix_lens, pack_bits(ancestor_bits(generator, 2, 5)))
+    expected = sk.tree_attention(*inputs, num_nodes=num_nodes, backend="reference")
+    monkeypatch.setattr(_backend, "resolve", lambda *args: "triton")
+    monkeypatch.setattr(_backend, "available", lambda *args: False)
+    assert torch.equal(sk.tree_attention(*inputs, num_nodes=num_nodes, backend="auto"), expected)
+    assert torch.equal(torch.ops.specdec.tree_attention(*inputs, num_nodes, None, "auto"), expected)
 
 
 def bad_block_ids_case():

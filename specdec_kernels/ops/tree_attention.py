@@ -38,7 +38,8 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
     scale : float, optional
         Default ``D ** -0.5``.
     backend : {"auto", "reference", "triton", "cuda"}
-        ``"auto"`` on CUDA tensors picks Triton: the CUDA kernel (SIMT) has not been timed against it yet.
+        ``"auto"`` on CUDA tensors picks Triton (the CUDA kernel has not been timed against it yet), and for
+        float32, which the Triton kernel refuses, CUDA (else the reference).
 
     Returns
     -------
@@ -75,6 +76,11 @@ def tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_mask, *,
     if scale is None:
         scale = head_dim**-0.5
     resolved = _backend.resolve(OP_NAME, backend, q.device)
+    if backend == "auto":
+        resolved = _auto_choice(resolved, q)
+    if resolved == "triton" and q.dtype == torch.float32:
+        check.fail("the triton kernel takes float16 or bfloat16 `q` (float32 tiles spill on GPUs); got float32: use "
+                   "backend 'cuda' or 'reference'", TypeError)
     block_size = k_cache.shape[1]
     if resolved != "reference" and head_dim not in HEAD_DIMS:
         check.fail(f"the {resolved} kernel needs `q` with a head dimension D in {HEAD_DIMS} (the reference takes "
@@ -95,5 +101,14 @@ def _fake(q, *args):
     return torch.empty_like(q)
 
 
+def _auto_choice(resolved, q, *args):
+    """``auto``'s backend for ``q``: float32 tiles spill kilobytes of registers in the Triton kernel on GPUs
+    (``python -m specdec_kernels._kernels.aot`` with a float32 shape), so float32 takes the CUDA kernel's SIMT
+    program, else the reference."""
+    if resolved == "triton" and q.dtype == torch.float32:
+        return "cuda" if _backend.available(OP_NAME, "cuda", q.device) else "reference"
+    return resolved
+
+
 _library.register(OP_NAME, {"reference": _reference, "triton": triton_tree_attention, "cuda": cuda_tree_attention},
-                  _fake)
+                  _fake, _auto_choice)
