@@ -9,14 +9,22 @@ garbage counters (wrong tokens or an endless spin):
 
 * A buffer is keyed by ``(name, dtype, device, stream)``: concurrent streams
   never share counters.
+* A captured graph never uses the buffers of eager calls: it replays on
+  whatever stream its caller uses at replay time, so it could run
+  alongside eager calls on its capture stream. A call under capture on
+  stream ``C`` uses the capture set reserved for ``C`` (:func:`reserve`
+  with ``stream=C, for_capture=True``), else the shared capture set, which
+  every eager allocation grows alongside its own: a warm-up call outside
+  capture is enough. Graphs sharing that set must not be replayed
+  concurrently; concurrent graphs reserve a set each, on their own capture
+  streams. With neither, a call under capture raises and says how to
+  reserve.
 * A buffer is never freed. When a call needs more, a larger one replaces it
   and the old one is kept alive, because a CUDA graph captured earlier may
   still point at it.
 * Nothing is allocated while a stream is being captured (the zero-fill would
   be recorded into the graph, and the memory would belong to the graph's
-  pool). A call under capture uses the buffers of the capture stream, or else
-  those reserved for capture by :func:`reserve` with ``for_capture=True``;
-  with neither it raises and says how to reserve.
+  pool).
 * Allocation happens on a helper thread: memory pools that PyTorch routes to
   the calling thread (CUDA-graph capture, ``torch.compile(mode=
   "reduce-overhead")`` warm-up) never own a workspace, so they cannot reclaim
@@ -29,7 +37,8 @@ import threading
 
 import torch
 
-_CAPTURE = "capture"  # the stream key of buffers reserved for any graph capture
+_CAPTURE = "capture"  # the stream key of the shared capture set; ("capture", stream) of a stream's own
+_DEVICE_WIDE = "device"  # the stream key of buffers every stream and graph of a device shares
 _buffers: dict[tuple, torch.Tensor] = {}
 _retired: list[torch.Tensor] = []  # replaced buffers: a captured graph may still use them
 _lock = threading.Lock()
@@ -61,43 +70,69 @@ def reserve(device: torch.device, specs: dict[str, tuple[int, torch.dtype]], str
     """Allocate the buffers ``specs`` ahead of use, outside capture.
 
     ``stream`` (a ``torch.cuda.Stream``; default the current one) is the
-    stream the calls will run on; ``for_capture=True`` also reserves the
-    buffers that any CUDA-graph capture without its own may use (graphs
-    sharing them must not be replayed concurrently).
+    stream the eager calls will run on; the shared capture set grows with
+    them. ``for_capture=True`` with a ``stream`` also reserves a capture set
+    of that stream's own, for graphs captured on it (graphs replayed
+    concurrently need one each).
     """
     if _capturing(device):
         raise RuntimeError("specdec_kernels: reserve workspaces before CUDA-graph capture, not during it")
     stream_key = _stream_key(device) if stream is None else stream.stream_id
     for name, (numel, dtype) in specs.items():
         _buffer(name, numel, dtype, device, stream_key)
-        if for_capture:
-            _buffer(name, numel, dtype, device, _CAPTURE)
+        if for_capture and stream is not None:
+            _buffer(name, numel, dtype, device, (_CAPTURE, stream_key))
+
+
+def device_buffer(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-initialised-once buffer of fixed size that every stream and every captured graph of ``device``
+    shares (only atomics touch it: the kernels' fault counters). Created on first use outside capture."""
+    if _capturing(device):
+        return _captured_buffer(name, numel, dtype, device, _DEVICE_WIDE)
+    return _buffer(name, numel, dtype, device, _DEVICE_WIDE)
+
+
+def existing_device_buffer(name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """:func:`device_buffer` if it was ever created, else ``None`` (nothing is allocated)."""
+    return _buffers.get((name, dtype, device, _DEVICE_WIDE))
 
 
 def _buffer(name: str, numel: int, dtype: torch.dtype, device: torch.device, stream) -> torch.Tensor:
-    key = (name, dtype, device, stream)
-    current = _buffers.get(key)
+    current = _buffers.get((name, dtype, device, stream))
     if current is None or current.numel() < numel:
         with _lock:
-            current = _buffers.get(key)
-            if current is None or current.numel() < numel:
-                size = max(numel, 2 * current.numel() if current is not None else 0, 1)
-                if current is not None:
-                    _retired.append(current)
-                current = _zeros_outside_pools(size, dtype, device)
-                _buffers[key] = current
+            current = _grown((name, dtype, device, stream), numel)
+            if isinstance(stream, int):  # an eager stream's: a graph captured after this call needs as much
+                _grown((name, dtype, device, _CAPTURE), numel)
+    return current
+
+
+def _grown(key: tuple, numel: int) -> torch.Tensor:
+    """The buffer ``key`` with at least ``numel`` elements (under ``_lock``)."""
+    current = _buffers.get(key)
+    if current is None or current.numel() < numel:
+        size = max(numel, 2 * current.numel() if current is not None else 0, 1)
+        if current is not None:
+            _retired.append(current)
+        name, dtype, device, _ = key
+        current = _zeros_outside_pools(size, dtype, device)
+        _buffers[key] = current
     return current
 
 
 def _captured_buffer(name: str, numel: int, dtype: torch.dtype, device: torch.device, stream) -> torch.Tensor:
-    for key in ((name, dtype, device, stream), (name, dtype, device, _CAPTURE)):
+    """The buffer a call captured on ``stream`` uses: the stream's own capture set, else the shared one (the
+    device-wide set for device buffers); never an eager stream's."""
+    keys = [(name, dtype, device, _DEVICE_WIDE)] if stream == _DEVICE_WIDE else [
+        (name, dtype, device, (_CAPTURE, stream)), (name, dtype, device, _CAPTURE)]
+    for key in keys:
         current = _buffers.get(key)
         if current is not None and current.numel() >= numel:
             return current
     raise RuntimeError(
         f"specdec_kernels: `{name}` needs a workspace of {numel} {dtype} elements on {device}, and none is "
-        "reserved for this capture. Call the op once on the capture stream before capturing, or call "
-        "sk.reserve_workspace(...) with the largest sizes the graph will see (it reserves for any capture)."
+        "reserved for this capture. Call the op once outside capture first (with sizes at least the graph's), "
+        "or call sk.reserve_workspace(...) with the largest sizes the graph will see."
     )
 
 

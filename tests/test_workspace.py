@@ -95,3 +95,41 @@ def test_a_tree_reservation_serves_a_captured_tree_call(monkeypatch):
     actual = sk.tree_verify(ids, parents, target, draft, num_nodes=num_nodes, seed=4, backend=backend)
     assert _workspace._buffers == reserved  # nothing allocated
     assert all(torch.equal(e, a) for e, a in zip(expected, actual))
+
+
+class _Stream:
+    """Stands in for a ``torch.cuda.Stream`` (only its id is read)."""
+
+    def __init__(self, stream_id):
+        self.stream_id = stream_id
+
+
+def test_a_capture_never_uses_the_buffers_of_eager_calls(monkeypatch):
+    """A graph replays on its caller's stream, maybe beside eager calls on its capture stream: it gets the
+    capture set, which the eager allocation grew alongside its own buffer."""
+    monkeypatch.setattr(_workspace, "_stream_key", lambda device: 5)
+    eager = _workspace.buffers(DEVICE, {"op.counters": (8, torch.int32)})["op.counters"]
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    captured = _workspace.buffers(DEVICE, {"op.counters": (8, torch.int32)})["op.counters"]
+    assert captured.data_ptr() != eager.data_ptr() and captured.numel() >= 8
+
+
+def test_a_capture_stream_of_its_own_gets_its_own_set(monkeypatch):
+    """Graphs replayed concurrently reserve a capture set each, on their capture streams."""
+    for stream_id in (21, 22):
+        _workspace.reserve(DEVICE, {"op.counters": (4, torch.int32)}, stream=_Stream(stream_id), for_capture=True)
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    captured = {}
+    for stream_id in (21, 22, 23):
+        monkeypatch.setattr(_workspace, "_stream_key", lambda device, stream_id=stream_id: stream_id)
+        captured[stream_id] = _workspace.buffers(DEVICE, {"op.counters": (4, torch.int32)})["op.counters"]
+    assert len({buffer.data_ptr() for buffer in captured.values()}) == 3  # 23: the shared capture set
+
+
+def test_device_buffers_are_shared_by_every_stream_and_capture(monkeypatch):
+    """The fault counters: one buffer per device, under capture too (only atomics touch it)."""
+    first = _workspace.device_buffer("op.faults", 3, torch.int32, DEVICE)
+    monkeypatch.setattr(_workspace, "_stream_key", lambda device: 99)
+    assert _workspace.device_buffer("op.faults", 3, torch.int32, DEVICE).data_ptr() == first.data_ptr()
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    assert _workspace.device_buffer("op.faults", 3, torch.int32, DEVICE).data_ptr() == first.data_ptr()

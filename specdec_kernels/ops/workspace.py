@@ -17,9 +17,13 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
 
     The fused kernels keep arrival counters and partial results in buffers
     that persist across calls, one set per device and stream. They are
-    allocated on first use, which cannot happen inside CUDA-graph capture: an
-    op called under capture without a reserved workspace raises. Call this
-    once, outside capture, with the largest sizes a graph will see.
+    allocated on first use, which cannot happen inside CUDA-graph capture. A
+    captured graph never shares the eager calls' set (it replays on its
+    caller's stream, maybe beside them): it uses a capture set, which every
+    eager call grows alongside its own, so one call outside capture before
+    capturing is enough; an op called under capture with a capture set too
+    small for it raises. Call this once, outside capture, with the largest
+    sizes a graph will see.
 
     Parameters
     ----------
@@ -48,11 +52,13 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
         ``N + 1`` records of 128 bytes per request (for at most half as
         many requests as the GPU has SMs).
     stream : torch.cuda.Stream, optional
-        The stream the calls will run on (default: the current stream).
+        The stream the eager calls will run on (default: the current stream).
     for_capture : bool
-        Also reserve the buffers used by any capture that has none of its own
-        (``torch.cuda.graph(g)`` captures on a side stream of its own). Graphs
-        sharing them must not be replayed concurrently.
+        With ``stream``: also reserve a capture set of that stream's own, used
+        by graphs captured on it (``torch.cuda.graph(g, stream=stream)``).
+        Graphs without one (``torch.cuda.graph(g)`` captures on a side stream
+        of its own) share the shared capture set, and must not be replayed
+        concurrently: concurrent graphs need a capture stream and a set each.
 
     Examples
     --------
