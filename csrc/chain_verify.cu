@@ -77,13 +77,12 @@ cudaError_t launch_chain_verify(const ChainVerifyArgs& args, cudaStream_t stream
   return cudaGetLastError();
 }
 
-const char* chain_verify_host(const ChainVerifyArgs& args) {
-  if (args.batch_size == 0) return nullptr;
+void chain_verify_host(const ChainVerifyArgs& args) {
+  if (args.batch_size == 0) return;
   ChainVerifyParams params;
   params.args = args;
   params.plan = plan_chain_verify(args, kHostTargetBlocks);
   const int64_t blocks = chain_verify_num_blocks(args, params.plan);
-  const int32_t error_before = args.counters[kChainErrorWord];
   dispatch_instantiation(args, params.plan, [&](auto prob, auto token, auto staged) {
     // Blocks one after another: with tickets, in ticket order. The emulated
     // block's shared memory is reused by each.
@@ -93,7 +92,6 @@ const char* chain_verify_host(const ChainVerifyArgs& args) {
           block, params, index, &histogram);
     });
   });
-  return args.counters[kChainErrorWord] != error_before ? "counters found inconsistent (a wait gave up or a ticket was out of range: counters left dirty by a call that never finished?)" : nullptr;
 }
 
 }  // namespace specdec

@@ -69,8 +69,12 @@ done, whatever order the GPU dispatches programs in and however many fit at
 once. Staged, roles come from the program id: a program waits only for
 slices already taken, by running programs. The interpreter runs programs one
 after another in id order, so it never waits at all (staged, a request's
-first program takes every slice). A wait is bounded anyway: past ``SPIN_LIMIT`` polls it
-counts an error in the workspace and goes on, rather than hang a server.
+first program takes every slice). A wait is bounded anyway: past
+``SPIN_LIMIT`` polls it gives up rather than hang a server, counts the fault
+(``specdec_kernels/_faults.py``) and marks its row block failed; the row
+block's last program then writes the failure outcome (tokens -1,
+``num_accepted`` 0), and puts every counter and record back to zero as on
+every path.
 Every arrival is preceded by ``tl.debug_barrier()`` so the whole program's
 stores are issued before the release (Triton does not promise that barrier
 itself), and followed by one so the acquire covers every thread.
@@ -89,9 +93,10 @@ Offsets that multiply a stride are 64-bit (``row_at``).
 import triton
 import triton.language as tl
 
-from .chain_verify_finish import greedy_decisions, sampled_tokens, wait_for, write_outputs
+from .chain_verify_finish import count_give_ups, greedy_decisions, sampled_tokens, wait_for, write_outputs
 from .chain_verify_rows import inverse_norm, request_temperatures, row_at, row_statistics, sample_slice, scan_statistics
 from .chain_verify_stages import clear_request_records, request_records, staged_statistics, staged_thresholds
+from .faults import CHAIN_WAIT_GAVE_UP
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import row_probabilities, softmax_weight
 from .truncation import row_truncation, truncated_probability, truncation_parameters
@@ -264,16 +269,18 @@ def _bonus_tokens(bonus_ptr, requests, takes_bonus, token, HAS_BONUS: tl.constex
 
 @triton.jit(do_not_specialize=[
     "seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "max_drafts", "num_tokens", "num_chunks",
-    "num_splits", "chunks_per_split", "stride_ids_b", "stride_output_b",
+    "num_splits", "chunks_per_split", "stride_ids_b", "stride_output_b", "fault_role",
 ])
 def _chain_verify_kernel(
     draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, temperature_ptr,
     top_k_ptr, top_p_ptr, min_p_ptr, bonus_ptr,
     seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
     output_ptr, num_accepted_ptr,
-    # workspace: chunk results [B, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters
+    # workspace: chunk results [B, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters; the row blocks' failure
+    # flags (nonzero once a wait gave up). The device's fault counters (specdec_kernels/_faults.py) and the role
+    # whose first wait gives up (tests; -1: none)
     chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-    tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, timeouts_ptr, stages_ptr,
+    tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, failed_ptr, stages_ptr, errors_ptr, fault_role,
     batch_size, max_drafts, num_tokens, vocab_size, num_chunks, num_splits, chunks_per_split,
     # Row strides stay specialised (Triton keys only on "== 1" and "% 16"), so a
     # vocabulary stride divisible by 16 gives vector loads without recompiles.
@@ -301,6 +308,8 @@ def _chain_verify_kernel(
     wave = role // programs_per_wave
     row_block = (role % programs_per_wave) // num_splits
     split = role % num_splits
+    failed_ptr += row_block  # the row block's: a wait of any of its programs that gave up fails all its requests
+    give_up = role == fault_role
     chunk_lo = split * chunks_per_split
     chunk_hi = tl.minimum(chunk_lo + chunks_per_split, num_chunks)
     vocab_lo = chunk_lo * BLOCK_V
@@ -371,9 +380,9 @@ def _chain_verify_kernel(
                     records, target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr,
                     stat_dsum_ptr, requests, active, sampled, num_drafts, inverse_temperature, num_chunks,
                     chunks_per_split, num_splits, max_drafts, vocab_size, stride_target_k, stride_draft_k,
-                    timeouts_ptr, LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V)
+                    failed_ptr, give_up, LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V)
             elif LOGITS:
-                wait_for(wave1_arrivals_ptr + row_block, num_splits, timeouts_ptr)
+                wait_for(wave1_arrivals_ptr + row_block, num_splits, failed_ptr, give_up)
             elif tl.max(greedy.to(tl.int32), axis=0) > 0:
                 scan_statistics(
                     target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
@@ -414,8 +423,8 @@ def _chain_verify_kernel(
                     threshold, reciprocal = staged_thresholds(
                         records, target_rows, truncating, num_drafts, top_k, top_p, min_p, k_on, p_on, min_p_on,
                         target_max, target_inverse_norm, inverse_temperature, vocab_size, chunks_per_split,
-                        num_splits, stride_target_k, timeouts_ptr, LOGITS, HAS_BONUS, BLOCK_K1, BLOCK_V,
-                        SEARCH_BLOCK)
+                        num_splits, stride_target_k, failed_ptr, give_up, LOGITS, HAS_BONUS, BLOCK_K1,
+                        BLOCK_V, SEARCH_BLOCK)
                     target_at = truncated_probability(target_at, threshold, reciprocal, truncating[:, None] != 0)
             k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                          requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
@@ -449,6 +458,8 @@ def _chain_verify_kernel(
             if arrived == num_splits - 1:
                 tl.debug_barrier()
                 tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
+                # Every wait of the row block is over: a give-up fails its requests.
+                failed = count_give_ups(failed_ptr, errors_ptr + CHAIN_WAIT_GAVE_UP)
                 if STAGED:
                     clear_request_records(records, truncating, k_on, p_on, LOGITS, BLOCK_K1)
                 elif LOGITS:
@@ -464,6 +475,8 @@ def _chain_verify_kernel(
                 stop = tl.where(greedy, greedy_stop, stop)
                 token = _bonus_tokens(bonus_ptr, requests, _takes_bonus(active, stop, num_drafts, HAS_BONUS), token,
                                       HAS_BONUS)
+                stop = tl.where(failed, 0, stop)  # the failure outcome: tokens -1, num_accepted 0
+                token = tl.where(failed, -1, token)
                 write_outputs(output_ptr, num_accepted_ptr, requests, active, stop,
                               token, token_ids, max_drafts, stride_output_b, BLOCK_K1)
 

@@ -20,16 +20,40 @@ SPIN_LIMIT = tl.constexpr(1 << 22)
 
 
 @triton.jit
-def wait_for(counter_ptr, expected, timeouts_ptr):
-    """Wait (acquire) until ``*counter_ptr >= expected``; after ``SPIN_LIMIT`` polls count an error and go on."""
+def wait_for(counter_ptr, expected, failed_ptr, give_up):
+    """Wait (acquire) until ``*counter_ptr >= expected``, or until the request has failed (``*failed_ptr != 0``).
+
+    A wait that reaches ``SPIN_LIMIT`` polls, or is told to ``give_up`` (the
+    tests' forced fault, ``specdec_kernels/_faults.py``), gives up: it adds
+    one to ``*failed_ptr``, the request's failure flag, which the request's
+    last program reads, counts into the device's fault counters and clears,
+    writing the failure outcome. A failed request's programs stop waiting:
+    what they read no longer matters, and each of them would otherwise give
+    up only after ``SPIN_LIMIT`` polls of its own. Returns whether the request
+    has failed.
+    """
     seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    failed = tl.atomic_add(failed_ptr, 0, sem="relaxed")
     polls = 0
-    while (seen < expected) & (polls < SPIN_LIMIT):
+    while (seen < expected) & (failed == 0) & (polls < SPIN_LIMIT) & (give_up == 0):
         seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+        failed = tl.atomic_add(failed_ptr, 0, sem="relaxed")
         polls += 1
-    if seen < expected:
-        tl.atomic_add(timeouts_ptr, 1, sem="relaxed")
+    gave_up = (failed == 0) & ((seen < expected) | (give_up != 0))
+    if gave_up:
+        tl.atomic_add(failed_ptr, 1, sem="relaxed")
     tl.debug_barrier()
+    return gave_up | (failed != 0)
+
+
+@triton.jit
+def count_give_ups(failed_ptr, errors_ptr):
+    """The last program of a request (or row block), after every wait: clears its failure flag, counts the
+    waits that gave up into the device's fault counters, and returns whether any did."""
+    gave_up = tl.atomic_xchg(failed_ptr, 0, sem="relaxed")
+    if gave_up != 0:
+        tl.atomic_add(errors_ptr, gave_up.to(tl.int32), sem="relaxed")
+    return gave_up != 0
 
 
 @triton.jit

@@ -40,7 +40,7 @@ def request_records(stages_ptr, request, BLOCK_K1: tl.constexpr):
 def staged_statistics(
     records, target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
     requests, active, sampled, num_drafts, inverse_temperature, num_chunks, chunks_per_split, num_splits,
-    max_drafts, vocab_size, stride_target_k, stride_draft_k, timeouts_ptr,
+    max_drafts, vocab_size, stride_target_k, stride_draft_k, failed_ptr, give_up,
     LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -61,15 +61,15 @@ def staged_statistics(
         measured_slices += 1
         taken = take_slice(record)
     publish(record, measured_slices)
-    wait_for_stage(record, num_splits, timeouts_ptr)
+    wait_for_stage(record, num_splits, failed_ptr, give_up)
 
 
 @triton.jit
 def staged_thresholds(
     records, target_rows, truncating, num_drafts, top_k, top_p, min_p, k_on, p_on, min_p_on, target_max,
     target_inverse_norm, inverse_temperature, vocab_size, chunks_per_split, num_splits, stride_target_k,
-    timeouts_ptr, LOGITS: tl.constexpr, HAS_BONUS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
-    SEARCH_BLOCK: tl.constexpr,
+    failed_ptr, give_up, LOGITS: tl.constexpr, HAS_BONUS: tl.constexpr, BLOCK_K1: tl.constexpr,
+    BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
 ):
     """``(threshold, reciprocal)`` ``[1, BLOCK_K1]`` of the one request's target rows, staged.
 
@@ -95,7 +95,7 @@ def staged_thresholds(
             tl.broadcast_to(p_on, (BLOCK_K1,)), tl.broadcast_to(min_p_on, (BLOCK_K1,)),
             tl.reshape(target_max, (BLOCK_K1, 1)), tl.reshape(target_inverse_norm, (BLOCK_K1, 1)),
             tl.broadcast_to(inverse_temperature, (BLOCK_K1,))[:, None], vocab_size, records, chunks_per_split,
-            num_splits, timeouts_ptr, LOGITS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
+            num_splits, failed_ptr, give_up, LOGITS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
     return tl.reshape(threshold, (1, BLOCK_K1)), tl.reshape(reciprocal, (1, BLOCK_K1))
 
 

@@ -60,7 +60,10 @@ chunk and record writes before other threads read them, and those reads
 bypass L1 (``.cg``). Across programs (split plan only), every release is
 preceded by a barrier, so the whole program's stores are issued first, and
 every acquire is followed by one (``wait_for``). A wait is bounded: past
-its poll limit it counts an error in ``timeout_counter`` and goes on.
+its poll limit it gives up, counts the fault (``specdec_kernels/_faults.py``)
+and marks the request failed in its end record; the request's last program
+then stores the failure outcome (tokens -1, ``num_accepted`` 0) and, as on
+every path, zeroes every record a program of the request used.
 Offsets that multiply a stride are 64-bit.
 """
 
@@ -71,9 +74,10 @@ from .chain_verify_rows import inverse_norm, request_temperatures, row_pointers,
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
                        normaliser_reciprocal, row_probabilities, split_sums)
-from .tree_verify_stages import (P_RECIPROCAL_WORD, Q_RECIPROCAL_WORD, RESIDUAL_WORD, STAGE_WORDS, TOKEN_WORD,
-                                 end_request, publish, publish_slice, record_rejection, stage_totals,
-                                 take_slice, wait_for_stage)
+from .faults import TREE_WAIT_GAVE_UP
+from .tree_verify_stages import (FAILED_WORD, P_RECIPROCAL_WORD, Q_RECIPROCAL_WORD, RESIDUAL_WORD, STAGE_WORDS,
+                                 TOKEN_WORD, end_record, end_request, publish, publish_slice, record_rejection,
+                                 stage_totals, take_slice, wait_for_stage)
 from .truncation import row_truncation, truncated_probability, truncation_parameters
 
 @triton.jit
@@ -311,7 +315,7 @@ def _choose_sample(chunk_total_ptr, chunk_pick_ptr, slot, sampled, k0, k1, c2, c
 
 @triton.jit(do_not_specialize=[
     "seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "tree_size", "num_chunks",
-    "num_splits", "chunks_per_split",
+    "num_splits", "chunks_per_split", "fault_role",
     "stride_ids_b", "stride_parents_b", "stride_accepted_b", "stride_output_b",
 ])
 def _tree_verify_kernel(
@@ -320,8 +324,9 @@ def _tree_verify_kernel(
     seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
     accepted_ptr, output_ptr, num_accepted_ptr,
     # workspace: scratch rows [B, SCRATCH_ROWS, V] float32; chunk results [B, chunks];
-    # split plan: stage records [B, N + 1, STAGE_WORDS] int64 and the count of waits that gave up
-    scratch_ptr, chunk_total_ptr, chunk_pick_ptr, stages_ptr, timeouts_ptr,
+    # split plan: stage records [B, N + 1, STAGE_WORDS] int64. The device's fault counters
+    # (specdec_kernels/_faults.py) and the role whose first wait gives up (tests; -1: none)
+    scratch_ptr, chunk_total_ptr, chunk_pick_ptr, stages_ptr, errors_ptr, fault_role,
     batch_size, tree_size, vocab_size, num_chunks, num_splits, chunks_per_split,
     stride_ids_b, stride_ids_n, stride_parents_b, stride_parents_n,
     stride_target_b, stride_target_n, stride_draft_b, stride_draft_n, stride_accepted_b, stride_output_b,
@@ -348,6 +353,8 @@ def _tree_verify_kernel(
         writes = active
     # The stage records of the request (split plan), and the walk's place in them.
     history = stages_ptr + request.to(tl.int64) * (tree_size + 1) * STAGE_WORDS
+    failed_ptr = end_record(history, tree_size) + FAILED_WORD  # nonzero once a wait of the request gave up
+    give_up = tl.program_id(0) == fault_role
     stage = tl.program_id(0) * 0  # the next stage
     node_stage = stage  # the current node's first stage (its rejections are the stages since)
     greedy, sampled, inverse_temperature = request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE,
@@ -388,6 +395,7 @@ def _tree_verify_kernel(
     truncation_threshold = node  # of the node whose statistics are loaded, for truncating rows
     truncation_reciprocal = p_reciprocal
     rejected_here = node  # 1 once a child of the current node was tried and rejected
+    failed = node  # split plan: 1 once a wait of the request gave up (the walk ends: the outcome is decided)
     tl.store(accepted_row, node, mask=writes)
     while tl.max((last < limit).to(tl.int32), axis=0) > 0:
         child = _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab_size,
@@ -465,7 +473,7 @@ def _tree_verify_kernel(
                                                    LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT, ROWS, BLOCK_V)
                     publish_slice(record, *slice_totals)
                     taken = take_slice(record)
-                wait_for_stage(record, num_splits, timeouts_ptr)
+                failed |= wait_for_stage(record, num_splits, failed_ptr, give_up).to(tl.int32)
                 residual_high, residual_low, target_high, target_low, drawn_high, drawn_low = stage_totals(record)
             else:
                 residual_high, residual_low, target_high, target_low, drawn_high, drawn_low = _rejection_pass(
@@ -492,7 +500,7 @@ def _tree_verify_kernel(
         node = tl.where(accepted, child, node)
         if SPLIT:
             node_stage = tl.where(tl.max(accepted.to(tl.int32), axis=0) > 0, stage, node_stage)
-        last = tl.where(last < limit, child, last)
+        last = tl.where((last < limit) & (failed == 0), child, limit)
 
     target_row = row_pointers(target_ptr, requests, stride_target_b, node, stride_target_n)
     draft_row = row_pointers(draft_ptr, requests, stride_draft_b, node, stride_draft_n)
@@ -502,6 +510,7 @@ def _tree_verify_kernel(
         takes_bonus = active & (rejected_here == 0)
         token = tl.where(takes_bonus, tl.load(bonus_ptr + requests, mask=takes_bonus, other=-1).to(tl.int32), token)
         sampled = sampled & ~takes_bonus
+    sampled = sampled & (failed == 0)
     if tl.max(sampled.to(tl.int32), axis=0) > 0:
         slot = requests.to(tl.int64) * num_chunks
         sample_rows = (
@@ -522,7 +531,7 @@ def _tree_verify_kernel(
                 taken = take_slice(record)
             stage += 1
             if writer:  # only the writer needs the token
-                wait_for_stage(record, num_splits, timeouts_ptr)
+                wait_for_stage(record, num_splits, failed_ptr, give_up)
                 sampled_token = _choose_sample(chunk_total_ptr, chunk_pick_ptr, slot, sampled, k0, k1, c2, c3, node,
                                                num_chunks, ROWS, CHUNK_TILE)
                 token = tl.where(sampled, sampled_token, token)
@@ -542,4 +551,12 @@ def _tree_verify_kernel(
         tl.store(output_row[:, None] + index, tl.where(index == depth[:, None], token[:, None], -1),
                  mask=in_tree & (index >= depth[:, None]))
     if SPLIT:
-        end_request(history, stage, tree_size, num_splits)
+        if end_request(history, stage, tree_size, num_splits, errors_ptr + TREE_WAIT_GAVE_UP):
+            # The request's last program, and a wait of the request gave up: the failure outcome, over whatever
+            # its writer stored (every store of it happened before its arrival).
+            for start in range(0, tree_size, BLOCK_N):
+                index = start + nodes
+                in_tree = active[:, None] & (index < tree_size)
+                tl.store(accepted_row[:, None] + index, tl.where(index == 0, 0, -1), mask=in_tree)
+                tl.store(output_row[:, None] + index, tl.full((ROWS, BLOCK_N), -1, tl.int32), mask=in_tree)
+            tl.store(num_accepted_ptr + requests, tl.zeros((ROWS,), tl.int32), mask=active)

@@ -13,7 +13,7 @@ the results, which stay in place until the request's last program ends.
 Record of a stage, ``STAGE_WORDS`` int64 (one 128-byte line), at
 ``history + stage * STAGE_WORDS``; the request has ``tree_size + 1``
 records (at most ``tree_size - 1`` rejections and the sample), the last
-one its end-of-call counter:
+one its end record (:func:`end_record`):
 
 ====  ====================================================================
 0     slices taken (a counter, past ``splits`` once all are taken)
@@ -26,14 +26,19 @@ one its end-of-call counter:
       the same values, derived from the same totals.
 ====  ====================================================================
 
-The last program of the request to end puts every record it used back to
-zero, so the next call starts from zeros without a memset launch.
+End record: word 0 counts the programs out, word 1 is the most stages any
+program of the request used, word 2 is nonzero once a wait of the request
+gave up (``kernels/chain_verify_finish.py``, ``wait_for``). The last program
+of the request to end puts the records of that many stages and the end
+record back to zero, so the next call starts from zeros without a memset
+launch, whatever the programs did: one that gave up a wait goes on with
+partial totals and may walk elsewhere, using more stages or fewer.
 """
 
 import triton
 import triton.language as tl
 
-from .chain_verify_finish import wait_for
+from .chain_verify_finish import count_give_ups, wait_for
 
 STAGE_WORDS = tl.constexpr(16)
 TAKEN_WORD = tl.constexpr(0)
@@ -43,6 +48,9 @@ TOKEN_WORD = tl.constexpr(8)
 RESIDUAL_WORD = tl.constexpr(9)
 P_RECIPROCAL_WORD = tl.constexpr(10)
 Q_RECIPROCAL_WORD = tl.constexpr(11)
+ENDED_WORD = tl.constexpr(0)  # end record: programs counted out,
+STAGES_USED_WORD = tl.constexpr(1)  # the most stages a program used,
+FAILED_WORD = tl.constexpr(2)  # nonzero once a wait of the request gave up
 
 
 @triton.jit
@@ -73,9 +81,16 @@ def publish(record, slices):
 
 
 @triton.jit
-def wait_for_stage(record, splits, timeouts_ptr):
-    """Wait until every slice of the stage is published (all were taken by running programs)."""
-    wait_for(record + PUBLISHED_WORD, splits, timeouts_ptr)
+def end_record(history, tree_size):
+    """The request's end record (after its ``tree_size`` stage records)."""
+    return history + tree_size.to(tl.int64) * STAGE_WORDS
+
+
+@triton.jit
+def wait_for_stage(record, splits, failed_ptr, give_up):
+    """Wait until every slice of the stage is published (all were taken by running programs), or until the
+    request failed (``wait_for``); returns whether it failed."""
+    return wait_for(record + PUBLISHED_WORD, splits, failed_ptr, give_up)
 
 
 @triton.jit
@@ -100,12 +115,19 @@ def record_rejection(record, token, use_residual, p_reciprocal, q_reciprocal):
 
 
 @triton.jit
-def end_request(history, stages, tree_size, splits):
-    """Count this program out; the request's last program zeroes the records used and the counter."""
-    counter = history + tree_size.to(tl.int64) * STAGE_WORDS
+def end_request(history, stages, tree_size, splits, errors_ptr):
+    """Count this program out, having used ``stages`` stages; the request's last program zeroes the records
+    the request used and its end record, and counts the waits that gave up into ``*errors_ptr``. Returns
+    whether this program is the last and the request failed."""
+    end = end_record(history, tree_size)
+    tl.atomic_max(end + STAGES_USED_WORD, stages.to(tl.int64), sem="relaxed")
     tl.debug_barrier()  # every read of the records done before the arrival
-    if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:
+    failed = tl.program_id(0) < 0
+    if tl.atomic_add(end + ENDED_WORD, 1, sem="acq_rel") == splits - 1:
+        used = tl.atomic_xchg(end + STAGES_USED_WORD, 0, sem="relaxed")
+        failed = count_give_ups(end + FAILED_WORD, errors_ptr)
         words = tl.arange(0, STAGE_WORDS)
-        for stage in range(0, stages):
+        for stage in range(0, used):
             tl.store(history + stage * STAGE_WORDS + words, tl.zeros((STAGE_WORDS,), tl.int64))
-        tl.store(counter, 0)
+        tl.store(end + ENDED_WORD, 0)
+    return failed

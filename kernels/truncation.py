@@ -84,7 +84,7 @@ def _column_zero(tile):
 
 @triton.jit
 def _largest_key(row, searching, floor, goal_count, goal_mass, row_max, row_inverse_norm, inverse_temperature,
-                 vocab_size, records, first_stage, chunks_per_split, num_splits, timeouts_ptr,
+                 vocab_size, records, first_stage, chunks_per_split, num_splits, failed_ptr, give_up,
                  BY_MASS: tl.constexpr, STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
                  BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """Per searching row, the largest ``tau`` with ``m(max(tau, floor)) >= goal`` (see the module docstring).
@@ -101,8 +101,8 @@ def _largest_key(row, searching, floor, goal_count, goal_mass, row_max, row_inve
         candidates = tl.maximum(found[:, None] | (digit_ids << shift), floor[:, None])
         first, second = measured(row, searching, candidates, floor, row_max, row_inverse_norm, inverse_temperature,
                                  vocab_size, records, first_stage + step, chunks_per_split, num_splits,
-                                 timeouts_ptr, MASSES if BY_MASS else COUNTS, STAGED, LOGITS, ROWS, BLOCK_V,
-                                 SEARCH_BLOCK)
+                                 failed_ptr, give_up, MASSES if BY_MASS else COUNTS, STAGED, LOGITS,
+                                 ROWS, BLOCK_V, SEARCH_BLOCK)
         if BY_MASS:
             reached = first.to(tl.float64) * 2147483648.0 + second.to(tl.float64) >= goal_mass[:, None]
         else:
@@ -114,7 +114,7 @@ def _largest_key(row, searching, floor, goal_count, goal_mass, row_max, row_inve
 
 @triton.jit
 def _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
-                inverse_temperature, vocab_size, records, chunks_per_split, num_splits, timeouts_ptr,
+                inverse_temperature, vocab_size, records, chunks_per_split, num_splits, failed_ptr, give_up,
                 STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
                 SEARCH_BLOCK: tl.constexpr):
     """:func:`row_truncation`, its passes whole-row or staged (``kernels/truncation_stages.py``).
@@ -125,33 +125,34 @@ def _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_
     no_candidates = tl.zeros((ROWS, CANDIDATES), tl.int32)
     threshold = tl.zeros((ROWS,), tl.int32)
     first, _ = measured(row, truncating, no_candidates, threshold, row_max, row_inverse_norm, inverse_temperature,
-                        vocab_size, records, _MAX_KEY_STAGE, chunks_per_split, num_splits, timeouts_ptr,
-                        MAX_KEY, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+                        vocab_size, records, _MAX_KEY_STAGE, chunks_per_split, num_splits, failed_ptr,
+                        give_up, MAX_KEY, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
     max_key = _column_zero(first).to(tl.int32)
     searching_k = truncating & k_on
     if tl.max(searching_k.to(tl.int32), axis=0) > 0:
         threshold = _largest_key(row, searching_k, threshold, top_k, top_p.to(tl.float64), row_max,
                                  row_inverse_norm, inverse_temperature, vocab_size, records, _TOP_K_STAGE,
-                                 chunks_per_split, num_splits, timeouts_ptr, False, STAGED, LOGITS, ROWS, BLOCK_V,
-                                 SEARCH_BLOCK)
+                                 chunks_per_split, num_splits, failed_ptr, give_up, False, STAGED, LOGITS,
+                                 ROWS, BLOCK_V, SEARCH_BLOCK)
     searching_p = truncating & p_on
     if tl.max(searching_p.to(tl.int32), axis=0) > 0:
         high, low = measured(row, searching_p, no_candidates, threshold, row_max, row_inverse_norm,
                              inverse_temperature, vocab_size, records, _GOAL_STAGE, chunks_per_split, num_splits,
-                             timeouts_ptr, MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+                             failed_ptr, give_up, MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
         goal = top_p.to(tl.float64) * (_column_zero(high).to(tl.float64) * 2147483648.0
                                        + _column_zero(low).to(tl.float64))
         threshold_p = _largest_key(row, searching_p, threshold, top_k, goal, row_max, row_inverse_norm,
                                    inverse_temperature, vocab_size, records, _TOP_P_STAGE, chunks_per_split,
-                                   num_splits, timeouts_ptr, True, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+                                   num_splits, failed_ptr, give_up, True, STAGED, LOGITS, ROWS, BLOCK_V,
+                                   SEARCH_BLOCK)
         # A goal of 0 is reached by every tau: keep the largest probability and its ties.
         threshold = tl.where(searching_p, tl.maximum(threshold, tl.minimum(threshold_p, max_key)), threshold)
     scaled = tl.minimum(min_p, 1.0) * max_key.to(tl.float32, bitcast=True)
     threshold = tl.where(truncating & min_p_on, tl.maximum(threshold, probability_key(clean_probability(scaled))),
                          threshold)
     high, low = measured(row, truncating, no_candidates, threshold, row_max, row_inverse_norm, inverse_temperature,
-                         vocab_size, records, _KEPT_STAGE, chunks_per_split, num_splits, timeouts_ptr,
-                         MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+                         vocab_size, records, _KEPT_STAGE, chunks_per_split, num_splits, failed_ptr,
+                         give_up, MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
     return threshold, tl.where(truncating, normaliser_reciprocal(_column_zero(high), _column_zero(low)), 1.0)
 
 
@@ -171,20 +172,21 @@ def row_truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, r
     statistics must be those of the softmax at ``1 / T``.
     """
     return _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
-                       inverse_temperature, vocab_size, 0, 0, 0, 0, False, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+                       inverse_temperature, vocab_size, 0, 0, 0, 0, 0, False, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
 
 
 @triton.jit
 def staged_truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
-                      inverse_temperature, vocab_size, records, chunks_per_split, num_splits, timeouts_ptr,
-                      LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
+                      inverse_temperature, vocab_size, records, chunks_per_split, num_splits, failed_ptr,
+                      give_up, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+                      SEARCH_BLOCK: tl.constexpr):
     """:func:`row_truncation` of ``ROWS`` rows of ONE request, every pass shared by the request's
     ``num_splits`` programs through its stage records ``records`` (``kernels/truncation_stages.py``; slices of
     ``chunks_per_split`` chunks of ``BLOCK_V`` tokens). Every program of the request must call it, with the same
     parameters; the bits are :func:`row_truncation`'s."""
     return _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
-                       inverse_temperature, vocab_size, records, chunks_per_split, num_splits, timeouts_ptr, True,
-                       LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+                       inverse_temperature, vocab_size, records, chunks_per_split, num_splits, failed_ptr,
+                       give_up, True, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
 
 
 @triton.jit

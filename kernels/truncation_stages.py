@@ -41,7 +41,7 @@ def record_words(ROWS: tl.constexpr):
 
 @triton.jit
 def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inverse_temperature, vocab_size,
-             records, stage, chunks_per_split, num_splits, timeouts_ptr,
+             records, stage, chunks_per_split, num_splits, failed_ptr, give_up,
              KIND: tl.constexpr, STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
              BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """The whole-row measure ``KIND`` of the searching rows (``measure_slice``'s arguments): measured here, or,
@@ -79,7 +79,7 @@ def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inver
             tl.atomic_add(first_words, first, mask=first != 0, sem="relaxed")
             tl.atomic_add(first_words + 1, second, mask=second != 0, sem="relaxed")
         publish(record, measured_slices)
-        wait_for_stage(record, num_splits, timeouts_ptr)
+        wait_for_stage(record, num_splits, failed_ptr, give_up)
         first = tl.load(first_words, cache_modifier=".cg")
         second = tl.load(first_words + 1, cache_modifier=".cg")
     else:

@@ -9,6 +9,7 @@ layouts: ``sk.adapters`` (``sk.adapters.sglang.eagle_tree_verify``).
 
 from . import adapters
 from ._extension import cuda_extension_available
+from ._faults import kernel_errors
 from .ops.build_tree import TreeInfo, build_tree
 from .ops.chain_verify import chain_verify
 from .ops.chain_verify_packed import chain_verify_packed
@@ -28,6 +29,7 @@ __all__ = [
     "chain_verify_packed",
     "compact_kv",
     "cuda_extension_available",
+    "kernel_errors",
     "reserve_workspace",
     "tree_attention",
     "tree_mask_dense",

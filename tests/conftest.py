@@ -48,3 +48,16 @@ def extension_op_marks(op_name: str):
     needs_gpu = pytest.mark.skipif(
         not (has_op and torch.cuda.is_available()), reason=f"needs a GPU and the CUDA extension with {op_name}")
     return needs_op, needs_gpu, [pytest.param("host", marks=needs_op), pytest.param("gpu", marks=needs_gpu)]
+
+
+@pytest.fixture(autouse=True)
+def no_kernel_faults():
+    """Every test ends with no fault counted by the kernels: a wait that gives up under the interpreter or on
+    the CUDA extension's host path (where nothing runs concurrently) means a broken invariant. Tests that force
+    faults (tests/test_faults.py) read and reset the counts themselves."""
+    yield
+    import specdec_kernels as sk
+
+    for device in sorted({"cpu", DEVICE}):
+        counts = {kind: count for kind, count in sk.kernel_errors(device).items() if count}
+        assert not counts, f"the kernels counted faults on {device}: {counts}"

@@ -271,7 +271,7 @@ def test_host_op_opcheck():
     case = packed_case([2, 0, 1], 2, 40, seed=2, device="cpu")
     arguments = (case["draft_token_ids"], case["cu_num_draft_tokens"], case["target"], case["draft"], 2,
                  case["temperature"], False, None, 4, torch.tensor(2), 0, torch.zeros(64, dtype=torch.int64),
-                 torch.zeros(5, dtype=torch.int32), torch.zeros(3, 3, dtype=torch.int32),
+                 torch.zeros(7, dtype=torch.int32), torch.zeros(3, 3, dtype=torch.int32),
                  torch.zeros(3, dtype=torch.int32), 0)
     torch.library.opcheck(torch.ops.specdec_C.chain_verify_packed.default, arguments)
 
@@ -294,7 +294,7 @@ def test_host_op_rejects_bad_arguments(change, error, message):
         draft_token_ids=torch.zeros(3, dtype=torch.int64), cu_num_draft_tokens=torch.tensor([0, 1, 3]),
         target=torch.full((5, 5), 0.2), draft=None, max_num_draft_tokens=2, temperature=None, logits=False,
         seed=None, seed_value=0, offset=None, offset_value=0, workspace=torch.zeros(100, dtype=torch.int64),
-        arrivals=torch.zeros(4, dtype=torch.int32), output_token_ids=torch.zeros(2, 3, dtype=torch.int32),
+        arrivals=torch.zeros(5, dtype=torch.int32), output_token_ids=torch.zeros(2, 3, dtype=torch.int32),
         num_accepted=torch.zeros(2, dtype=torch.int32), num_splits=0,
     )
     arguments.update(change)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import extension_op_marks
+from specdec_kernels import _faults
 from sampling_parameter_cases import PARAMETER_SETS, assert_logits_agree, quantised, with_parameters
 from specdec_kernels.launchers import chain_verify as launcher
 from test_chain_verify_cuda import agreement, assert_same, degenerate_cases, make_case, random_state, run_op, \
@@ -82,23 +83,28 @@ def test_staged_records_are_reused_across_calls():
 
 
 @needs_op
-def test_staged_dirty_records_are_reported_instead_of_hanging():
-    """A stage whose slices look taken by a call that never finished: the bounded wait gives up, the call
-    raises, and the records are still put back to zero."""
+def test_staged_dirty_records_fail_the_request_and_are_cleaned():
+    """A stage whose slices look taken by a call damaged from outside: the bounded wait gives up, the request
+    gets the failure outcome (tokens -1, num_accepted 0), the fault is counted, the other requests are
+    unaffected, and the records are put back to zero."""
     case = with_parameters(make_case(3, 2, 2500, seed=9, greedy_fraction=0.0), PARAMETER_SETS["all"], seed=2)
     batch_size, rows, vocab_size = case["target"].shape
     specs = launcher.cuda_workspace_specs(batch_size, rows, vocab_size, False, "cpu")
     stages = torch.zeros(launcher.cuda_stage_words(batch_size, rows), dtype=torch.int64)
     stages[11 * 16] = 100  # request 0, the kept-mass stage: "slices taken"
     arrivals = torch.zeros(specs["chain_verify_cuda.arrivals"][0], dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="counters found inconsistent"):
-        torch.ops.specdec_C.chain_verify(
-            case["draft_token_ids"], case["target"], case["draft"], case["num_draft_tokens"], case["temperature"],
-            False, None, 1, None, 0, torch.zeros(specs["chain_verify_cuda.workspace"][0], dtype=torch.int64),
-            arrivals, torch.zeros(batch_size, rows, dtype=torch.int32), torch.zeros(batch_size, dtype=torch.int32),
-            3, case["top_k"], case["top_p"], case["min_p"], stages=stages)
-    assert arrivals.tolist() == [0, 1] + [0] * batch_size
-    assert not stages.any()
+    errors = torch.zeros(len(_faults.KINDS), dtype=torch.int32)
+    output, num_accepted = torch.zeros(batch_size, rows, dtype=torch.int32), torch.zeros(batch_size, dtype=torch.int32)
+    torch.ops.specdec_C.chain_verify(
+        case["draft_token_ids"], case["target"], case["draft"], case["num_draft_tokens"], case["temperature"],
+        False, None, 1, None, 0, torch.zeros(specs["chain_verify_cuda.workspace"][0], dtype=torch.int64),
+        arrivals, output, num_accepted, 3, case["top_k"], case["top_p"], case["min_p"], stages=stages,
+        errors=errors)
+    assert (output[0] == -1).all() and num_accepted[0] == 0
+    expected = run_reference(case, 1, 0)
+    assert torch.equal(output[1:], expected[0][1:]) and torch.equal(num_accepted[1:], expected[1][1:])
+    assert errors.tolist() == [1, 0, 0]  # the first block to wait gave up; the others found the request failed
+    assert not arrivals.any() and not stages.any()
 
 
 def test_reserve_workspace_includes_the_stage_records(monkeypatch):

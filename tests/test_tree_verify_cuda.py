@@ -534,15 +534,15 @@ def test_launcher_takes_int64_parents():
 
 def test_workspace_specs():
     # V = 3000: 3 chunks -> 9 words, rounded up to 10; rows of 3000 floats (a multiple of 4) -> 3000 words.
-    # Stage records: a 16-word header, then N + 1 = 7 records of 16 words for each of min(B, 4) requests
-    # (the host splits batches of up to 4).
+    # Stage records: N + 1 = 7 records of 16 words for each of min(B, 4) requests (the host splits batches of
+    # up to 4).
     assert cuda_workspace_specs(5, 6, 3000, None) == {
         "tree_verify_cuda.workspace": (5 * (10 + 3000), torch.int64),
-        "tree_verify_cuda.stages": (16 * (1 + 4 * 7), torch.int64)}
+        "tree_verify_cuda.stages": (16 * 4 * 7, torch.int64)}
     # V = 7: 1 chunk -> 3 words -> 4; rows of 8 floats. On a GPU of 132 SMs, batches of up to 66 may split.
     assert cuda_workspace_specs(2, 3, 7, 132) == {
         "tree_verify_cuda.workspace": (2 * (4 + 8), torch.int64),
-        "tree_verify_cuda.stages": (16 * (1 + 2 * 4), torch.int64)}
+        "tree_verify_cuda.stages": (16 * 2 * 4, torch.int64)}
 
 
 @needs_op

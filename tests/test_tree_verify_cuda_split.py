@@ -21,7 +21,7 @@ import torch
 
 from conftest import extension_op_marks
 from sampling_parameter_cases import PARAMETER_SETS, parameter_values
-from specdec_kernels import _validation, _workspace
+from specdec_kernels import _faults, _validation, _workspace
 from specdec_kernels.launchers import tree_verify as launcher
 from test_tree_verify import DRAFT_MODES, assert_same, random_problem
 from test_tree_verify_cuda import make_case, run_reference
@@ -160,21 +160,27 @@ def test_a_long_walk_uses_and_clears_many_stages(monkeypatch):
         assert_same(unsplit(monkeypatch, lambda: verify(ids, parents, target, draft, **arguments)), split)
 
 
-def test_dirty_records_are_reported():
-    """A record left non-zero (a call that never finished) makes a wait give up: the host program says so
-    instead of returning garbage silently, and word 0 counts it."""
+def test_dirty_records_fail_the_request_and_are_cleaned():
+    """A record left non-zero by a call damaged from outside makes a wait give up: the request gets the
+    failure outcome, the fault is counted, the other request is unaffected and the records end at zero."""
     ids, parents, target, draft = star_case(2, 2, 2100, seed=4)
     workspace_words = launcher.cuda_workspace_specs(2, ids.shape[1], 2100, None)["tree_verify_cuda.workspace"][0]
     stages = torch.zeros(launcher.cuda_workspace_specs(2, ids.shape[1], 2100, None)["tree_verify_cuda.stages"][0],
                          dtype=torch.int64)
-    stages[16] = 5  # request 0, stage 0: every slice "taken", none published
+    stages[0] = 5  # request 0, stage 0: every slice "taken", none published
+    errors = torch.zeros(len(_faults.KINDS), dtype=torch.int32)
     outputs = (torch.empty(2, ids.shape[1], dtype=torch.int32), torch.empty(2, ids.shape[1], dtype=torch.int32),
                torch.empty(2, dtype=torch.int32))
-    with pytest.raises(RuntimeError, match="a wait gave up"):
-        torch.ops.specdec_C.tree_verify(ids, parents, target, draft, None, None, False, "without_replacement", None,
-                                        1, None, 0, torch.zeros(workspace_words, dtype=torch.int64), *outputs,
-                                        None, None, None, None, stages, splits(2, 2100))
-    assert int(stages[0]) != 0
+    torch.ops.specdec_C.tree_verify(ids, parents, target, draft, None, None, False, "without_replacement", None,
+                                    1, None, 0, torch.zeros(workspace_words, dtype=torch.int64), *outputs,
+                                    None, None, None, None, stages, splits(2, 2100), errors=errors)
+    accepted, tokens, num_accepted = outputs
+    assert accepted[0].tolist() == [0] + [-1] * (ids.shape[1] - 1) and (tokens[0] == -1).all()
+    assert num_accepted[0] == 0
+    expected = reference(ids, parents, target, draft, draft_sampling="without_replacement", seed=1)
+    assert all(torch.equal(actual[1], wanted[1]) for actual, wanted in zip(outputs, expected))
+    assert errors.tolist() == [0, 1, 0]  # the first block to wait gave up; the others found the request failed
+    assert not stages.any()
 
 
 def test_the_op_checks_the_stage_records():
@@ -189,7 +195,7 @@ def test_the_op_checks_the_stage_records():
                                         1, None, 0, workspace, *outputs, None, None, None, None, stages, num_splits)
 
     stage_words = words["tree_verify_cuda.stages"][0]
-    assert stage_words == 16 * (1 + 2 * (ids.shape[1] + 1))
+    assert stage_words == 16 * 2 * (ids.shape[1] + 1)
     with pytest.raises(ValueError, match="`num_splits` > 1 needs `stages`"):
         call(None, 2)
     with pytest.raises(ValueError, match=rf"`stages` must be a contiguous \[M\] tensor with M >= .* = {stage_words}"):

@@ -31,6 +31,8 @@ struct ChainVerifyTensors {
   int64_t max_drafts;  // packed: max_num_draft_tokens (padded: from the shape of `target`)
   SamplingParameterTensors sampling;
   const std::optional<at::Tensor>& stages;  // the staged plan's records, or none (one block per truncated request)
+  const std::optional<at::Tensor>& errors;  // the device's fault counters, or none: not counted
+  int64_t fault_role;                       // tests: the block of this role gives up its waits
 };
 
 // The sizes of one call, read from either layout.
@@ -123,9 +125,11 @@ ChainShapes check_chain_verify_args(const ChainVerifyTensors& t, const char* op)
                     chunk_words, ", got ", t.workspace.sizes());
   check_same_device(t.workspace, op, "workspace", t.target, "target");
   check_dtype(t.arrivals, op, "arrivals", at::kInt);
-  TORCH_CHECK_VALUE(t.arrivals.dim() == 1 && t.arrivals.is_contiguous() && t.arrivals.numel() >= batch_size + 2,
-                    "specdec_C::", op, ": `arrivals` must be a contiguous [N] tensor with N >= B + 2 = ",
-                    batch_size + 2, ", got ", t.arrivals.sizes());
+  TORCH_CHECK_VALUE(t.arrivals.dim() == 1 && t.arrivals.is_contiguous() &&
+                        t.arrivals.numel() >= chain_counter_words(batch_size),
+                    "specdec_C::", op, ": `arrivals` must be a contiguous [N] tensor with N >= 1 + 2 * B = ",
+                    chain_counter_words(batch_size), ", got ", t.arrivals.sizes());
+  check_fault_counters(t.errors, op, t.target);
   check_same_device(t.arrivals, op, "arrivals", t.target, "target");
   if (t.stages.has_value()) {
     check_dtype(*t.stages, op, "stages", at::kLong);
@@ -191,6 +195,8 @@ ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, const ChainS
   args.workspace = t.workspace.data_ptr<int64_t>();
   args.workspace_words = t.workspace.numel();
   args.counters = t.arrivals.data_ptr<int32_t>();
+  args.errors = fault_counters(t.errors);
+  args.fault_role = t.fault_role;
   if (t.stages.has_value()) {
     args.stages = t.stages->data_ptr<int64_t>();
     args.stage_words = t.stages->numel();
@@ -205,7 +211,8 @@ ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, const ChainS
 bool any_symbolic(const ChainVerifyTensors& t) {
   return symbolic(t.draft_token_ids) || symbolic(t.cu_num_draft_tokens) || symbolic(t.target) || symbolic(t.draft) ||
          symbolic(t.num_draft_tokens) || symbolic(t.temperature) || symbolic(t.seed) || symbolic(t.offset) ||
-         symbolic(t.workspace) || symbolic(t.arrivals) || symbolic(t.output_token_ids) || symbolic(t.num_accepted) || symbolic(t.stages);
+         symbolic(t.workspace) || symbolic(t.arrivals) || symbolic(t.output_token_ids) || symbolic(t.num_accepted) ||
+         symbolic(t.stages) || symbolic(t.errors);
 }
 
 // Meta: dtypes and ranks under symbolic shapes, else every check.
@@ -234,8 +241,7 @@ void verify_chain(const ChainVerifyTensors& t, const char* op, bool logits, int6
     const c10::OptionalDeviceGuard device_guard(guarded_device(backend, t.target.device()));
     const ChainVerifyInputs inputs = prepare_chain_verify(t, shapes, logits, seed_value, offset_value);
     if constexpr (backend == Backend::kHost) {
-      const char* failure = chain_verify_host(inputs.args);
-      TORCH_CHECK(failure == nullptr, "specdec_C::", op, " (host): ", failure);
+      chain_verify_host(inputs.args);
     } else {
       check_launch(launch_chain_verify(inputs.args, current_cuda_stream(t.target.device())), op);
     }
@@ -250,10 +256,11 @@ void chain_verify(const at::Tensor& draft_token_ids, const at::Tensor& target, c
                   const at::Tensor& arrivals, const at::Tensor& output_token_ids, const at::Tensor& num_accepted,
                   int64_t num_splits, const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                   const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids,
-                  const std::optional<at::Tensor>& stages) {
+                  const std::optional<at::Tensor>& stages, const std::optional<at::Tensor>& errors,
+                  int64_t fault_role) {
   verify_chain<backend>({draft_token_ids, kNoTensor, target, draft, num_draft_tokens, temperature, seed, offset,
                          workspace, arrivals, output_token_ids, num_accepted, num_splits, 0,
-                         {top_k, top_p, min_p, bonus_token_ids}, stages},
+                         {top_k, top_p, min_p, bonus_token_ids}, stages, errors, fault_role},
                         "chain_verify", logits, seed_value, offset_value);
 }
 
@@ -266,11 +273,12 @@ void chain_verify_packed(const at::Tensor& draft_token_ids, const at::Tensor& cu
                          const at::Tensor& arrivals, const at::Tensor& output_token_ids,
                          const at::Tensor& num_accepted, int64_t num_splits, const std::optional<at::Tensor>& top_k,
                          const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
-                         const std::optional<at::Tensor>& bonus_token_ids, const std::optional<at::Tensor>& stages) {
+                         const std::optional<at::Tensor>& bonus_token_ids, const std::optional<at::Tensor>& stages,
+                         const std::optional<at::Tensor>& errors, int64_t fault_role) {
   const std::optional<at::Tensor> cu = cu_num_draft_tokens;
   verify_chain<backend>({draft_token_ids, cu, target, draft, kNoTensor, temperature, seed, offset, workspace,
                          arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens,
-                         {top_k, top_p, min_p, bonus_token_ids}, stages},
+                         {top_k, top_p, min_p, bonus_token_ids}, stages, errors, fault_role},
                         "chain_verify_packed", logits, seed_value, offset_value);
 }
 
@@ -283,20 +291,23 @@ TORCH_LIBRARY_FRAGMENT(specdec_C, m) {
   // specdec::chain_verify, with seed/offset as in rng_fill; `workspace`
   // int64 [N], N >= 3 * B * ceil(V / 1024), contents need not be
   // initialised (2 * B * (K + 1) more words per extra split let the
-  // vocabulary split over more blocks); `arrivals` int32 [>= B + 2], the
-  // counters: zero before the call and left zero after it, except the last,
-  // an error flag set when a bounded wait gave up. `num_splits`: blocks per
+  // vocabulary split over more blocks); `arrivals` int32 [>= 1 + 2 * B], the
+  // counters (a ticket, then per request its arrivals and failure flag):
+  // zero before the call and left zero after it. `num_splits`: blocks per
   // request, 0 for the launcher's choice (tests force other counts).
   // `stages` int64 [>= B * chain_stage_request_words(K + 1)] or None: the
   // staged plan's records with top_k/top_p/min_p (chain_verify_stages.cuh),
   // zero before the call and left zero; without it (or too small) a
-  // truncating call has one block per request.
+  // truncating call has one block per request. `errors` int32 [>= 3] or
+  // None: the device's fault counters (faults.cuh) a wait that gives up
+  // counts into; the request then gets tokens -1 and num_accepted 0.
+  // `fault_role` (tests): the block of that role gives up its waits at once.
   m.def(
       "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft, Tensor? num_draft_tokens, "
       "Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, int offset_value, "
       "Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, Tensor(d!) num_accepted, "
       "int num_splits=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None) -> ()");
+      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, Tensor(f!)? errors=None, int fault_role=-1) -> ()");
   // The same on the packed layout (sk.chain_verify_packed): draft_token_ids
   // [T], cu_num_draft_tokens [B+1] (int32 or int64, read on the device),
   // target [T+B, V], draft [T, V] or None; the workspace and counters as for
@@ -306,7 +317,7 @@ TORCH_LIBRARY_FRAGMENT(specdec_C, m) {
       "int max_num_draft_tokens, Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, "
       "int offset_value, Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, "
       "Tensor(d!) num_accepted, int num_splits=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None) -> ()");
+      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, Tensor(f!)? errors=None, int fault_role=-1) -> ()");
 }
 
 SPECDEC_REGISTER_BACKENDS("chain_verify", specdec::bindings::chain_verify)

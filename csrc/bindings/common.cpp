@@ -52,6 +52,19 @@ void check_batch_vector(const std::optional<at::Tensor>& tensor, const char* op,
   check_same_device(*tensor, op, name, target, "target");
 }
 
+void check_fault_counters(const std::optional<at::Tensor>& errors, const char* op, const at::Tensor& target) {
+  if (!errors.has_value()) return;
+  check_dtype(*errors, op, "errors", at::kInt);
+  TORCH_CHECK_VALUE(errors->dim() == 1 && errors->is_contiguous() && errors->numel() >= kFaultKinds, "specdec_C::",
+                    op, ": `errors` must be a contiguous [N] tensor with N >= ", kFaultKinds, ", got ",
+                    errors->sizes());
+  check_same_device(*errors, op, "errors", target, "target");
+}
+
+int32_t* fault_counters(const std::optional<at::Tensor>& errors) {
+  return errors.has_value() ? errors->data_ptr<int32_t>() : nullptr;
+}
+
 void check_random_state(const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
                         const char* op, int64_t batch_size, const at::Tensor& target) {
   check_batch_vector(seed, op, "seed", at::kLong, batch_size, target);

@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "specdec/common.cuh"
+#include "specdec/faults.cuh"
 #include "specdec/index.cuh"
 #include "specdec/rng.cuh"
 
@@ -59,6 +60,11 @@ IndexTensor index_tensor(const at::Tensor& tensor);
 // An optional per-request vector: `dtype`, shape [B], on the device of `target`.
 void check_batch_vector(const std::optional<at::Tensor>& tensor, const char* op, const char* name,
                         at::ScalarType dtype, int64_t batch_size, const at::Tensor& target);
+
+// The device's fault counters (include/specdec/faults.cuh), when given:
+// a contiguous int32 [>= kFaultKinds] tensor on the device of `target`.
+void check_fault_counters(const std::optional<at::Tensor>& errors, const char* op, const at::Tensor& target);
+int32_t* fault_counters(const std::optional<at::Tensor>& errors);
 
 // seed int64 [B] and offset int64 [] or [B] of a verification op, when given.
 void check_random_state(const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,

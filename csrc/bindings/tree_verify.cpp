@@ -27,6 +27,8 @@ struct TreeVerifyTensors {
   SamplingParameterTensors sampling;
   const std::optional<at::Tensor>& stages;
   int64_t num_splits;
+  const std::optional<at::Tensor>& errors;  // the device's fault counters, or none: not counted
+  int64_t fault_role;                       // tests: the block of this role gives up its waits
 };
 
 void check_tree_verify_args(const TreeVerifyTensors& t) {
@@ -85,9 +87,10 @@ void check_tree_verify_args(const TreeVerifyTensors& t) {
     check_dtype(*t.stages, op, "stages", at::kLong);
     TORCH_CHECK_VALUE(t.stages->dim() == 1 && t.stages->is_contiguous() && t.stages->numel() >= stage_words,
                       "specdec_C::tree_verify: `stages` must be a contiguous [M] tensor with M >= "
-                      "16 * (1 + B * (N + 1)) = ", stage_words, ", got ", t.stages->sizes());
+                      "16 * B * (N + 1) = ", stage_words, ", got ", t.stages->sizes());
     check_same_device(*t.stages, op, "stages", t.target, "target");
   }
+  check_fault_counters(t.errors, op, t.target);
   check_token_rows(t.accepted_nodes, op, "accepted_nodes", "[B, N]", batch_size, max_nodes, t.target);
   check_token_rows(t.output_token_ids, op, "output_token_ids", "[B, N]", batch_size, max_nodes, t.target);
   check_counts_output(t.num_accepted, op, "num_accepted", batch_size, t.target);
@@ -143,6 +146,8 @@ TreeVerifyInputs prepare_tree_verify(const TreeVerifyTensors& t, bool logits, in
   args.workspace = t.workspace.data_ptr<int64_t>();
   if (t.num_splits > 1) args.stages = t.stages->data_ptr<int64_t>();
   args.num_splits = static_cast<int32_t>(t.num_splits);
+  args.errors = fault_counters(t.errors);
+  args.fault_role = t.fault_role;
   args.batch_size = inputs.target.size(0);
   args.max_nodes = static_cast<int32_t>(inputs.target.size(1));
   args.vocab_size = static_cast<int32_t>(inputs.target.size(2));
@@ -171,10 +176,11 @@ void tree_verify(const at::Tensor& tree_token_ids, const at::Tensor& parents, co
                  const at::Tensor& output_token_ids, const at::Tensor& num_accepted,
                  const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                  const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids,
-                 const std::optional<at::Tensor>& stages, int64_t num_splits) {
+                 const std::optional<at::Tensor>& stages, int64_t num_splits,
+                 const std::optional<at::Tensor>& errors, int64_t fault_role) {
   const TreeVerifyTensors tensors = {tree_token_ids, parents, target, draft, num_nodes, temperature, draft_sampling,
                                      seed, offset, workspace, accepted_nodes, output_token_ids, num_accepted,
-                                     {top_k, top_p, min_p, bonus_token_ids}, stages, num_splits};
+                                     {top_k, top_p, min_p, bonus_token_ids}, stages, num_splits, errors, fault_role};
   if constexpr (backend == Backend::kMeta) {
     check_tree_verify_meta(tensors);
   } else {
@@ -182,8 +188,7 @@ void tree_verify(const at::Tensor& tree_token_ids, const at::Tensor& parents, co
     const c10::OptionalDeviceGuard device_guard(guarded_device(backend, target.device()));
     const TreeVerifyInputs inputs = prepare_tree_verify(tensors, logits, seed_value, offset_value);
     if constexpr (backend == Backend::kHost) {
-      const char* failure = tree_verify_host(inputs.args);
-      TORCH_CHECK(failure == nullptr, "specdec_C::tree_verify (host): ", failure);
+      tree_verify_host(inputs.args);
     } else {
       check_launch(launch_tree_verify(inputs.args, current_cuda_stream(target.device())), "tree_verify");
     }
@@ -201,15 +206,19 @@ TORCH_LIBRARY_FRAGMENT(specdec_C, m) {
   // / 2) + 4 * ceil(V / 4)), contents need not be initialised. The sampling
   // parameters, each [B] or None: top_k and bonus_token_ids int32/int64,
   // top_p and min_p float32. `num_splits` > 1: that many blocks share each
-  // request's vocabulary passes through `stages`, int64 [>= 16 * (1 + B *
-  // (N + 1))]: zero before the call and left zero after it (word 0 counts
-  // the waits that gave up).
+  // request's vocabulary passes through `stages`, int64 [>= 16 * B * (N + 1)]:
+  // zero before the call and left zero after it. `errors` int32 [>= 3] or
+  // None: the device's fault counters (faults.cuh) a wait that gives up
+  // counts into; the request then gets tokens -1, accepted_nodes [0, -1, ...]
+  // and num_accepted 0. `fault_role` (tests): the block of that role
+  // (b * num_splits + rank) gives up its waits at once.
   m.def(
       "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft, Tensor? num_nodes, "
       "Tensor? temperature, bool logits, str draft_sampling, Tensor? seed, int seed_value, Tensor? offset, "
       "int offset_value, Tensor(a!) workspace, Tensor(b!) accepted_nodes, Tensor(c!) output_token_ids, "
       "Tensor(d!) num_accepted, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, int num_splits=1) -> ()");
+      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, int num_splits=1, Tensor(f!)? errors=None, "
+      "int fault_role=-1) -> ()");
 }
 
 SPECDEC_REGISTER_BACKENDS("tree_verify", specdec::bindings::tree_verify)

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import _workspace
+from .. import _faults, _workspace
 from ._shapes import cdiv, next_power_of_2, unit_last_stride
 from ._shapes import multiprocessor_count as _multiprocessor_count  # a module name: tests patch it
 
@@ -145,9 +145,9 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     ``[B, BLOCK_K1, SPLITS]``; the staged plan's stage records (``stage_counters``,
     ``[B, 20, 16 + 32 * BLOCK_K1]`` int64, for ``B < 2 * SMs`` at most; one
     word unless ``truncate``: only calls with ``top_k``/``top_p``/``min_p``
-    use them) and the counters are left at zero by every call, and
-    ``timeout_counter`` counts waits that gave up (0 unless something is
-    badly wrong; named a counter so that checks for counters at zero see it).
+    use them), the counters and the row blocks' failure flags
+    (``failed_row_blocks``, set by a wait that gave up,
+    ``specdec_kernels/_faults.py``) are left at zero by every call.
     """
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
@@ -178,7 +178,7 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
         "chain_verify.tickets": (2, torch.int32),
         "chain_verify.wave1_arrivals": (batch_size, torch.int32),
         "chain_verify.arrivals": (batch_size, torch.int32),
-        "chain_verify.timeout_counter": (1, torch.int32),
+        "chain_verify.failed_row_blocks": (batch_size, torch.int32),
         "chain_verify.stage_counters": (stage_words, torch.int64),
     }
 
@@ -267,6 +267,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     with guard:
         scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, rows_per_request, vocab_size,
                                                                     logits, device, truncate))
+        errors = _faults.error_counters(device)
         placeholder = target
         _chain_verify_kernel[(waves * row_blocks * config.num_splits,)](
             draft_token_ids, target, placeholder if draft is None else draft,
@@ -277,7 +278,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
             placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
             output, num_accepted,
-            *scratch.values(),
+            *scratch.values(), errors, _faults.give_up_role(),
             batch_size, max_drafts, num_tokens, vocab_size, config.num_chunks, config.num_splits,
             config.chunks_per_split,
             draft_token_ids.stride(0), *_layout_strides(target), *_layout_strides(draft), output.stride(0),
@@ -322,14 +323,14 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     two blocks per SM on a GPU, up to 8 per batch on the host, so at most
     ``B + target`` slices in all; a smaller workspace only means fewer,
     longer slices); contents need not be initialised. ``arrivals`` (int32
-    ``[2 + B]``): the ticket counter, an error flag, then per-request
-    arrival counters. ``stages`` (int64): the staged truncation plan's
+    ``[1 + 2 B]``): the ticket counter, then per request its arrival
+    counter and failure flag (raised by a wait that gave up,
+    ``specdec_kernels/_faults.py``). ``stages`` (int64): the staged truncation plan's
     records (:func:`cuda_stage_words`) for the requests of a batch that
     splits (fewer than ``target`` of them; larger batches have one block per
     request), one word unless ``truncate`` (only calls with ``top_k``/``top_p``/
     ``min_p`` use them). ``arrivals`` and ``stages`` are zero-initialised once and
-    left at zero by every call (the error flag becomes nonzero only when a
-    bounded wait gave up). Every size is non-decreasing in ``B``, ``K + 1``
+    left at zero by every call, give-ups included. Every size is non-decreasing in ``B``, ``K + 1``
     and ``V``, so a reservation for the largest sizes covers every smaller
     call. ``logits`` does not change the sizes; it is part of the signature
     so callers can reserve for exactly the call they will make.
@@ -346,7 +347,7 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     split_requests = min(batch_size, target_blocks) if num_chunks > 1 and truncate else 0
     return {
         "chain_verify_cuda.workspace": (3 * batch_size * num_chunks + stats_words, torch.int64),
-        "chain_verify_cuda.arrivals": (batch_size + 2, torch.int32),
+        "chain_verify_cuda.arrivals": (1 + 2 * batch_size, torch.int32),
         "chain_verify_cuda.stages": (max(1, cuda_stage_words(split_requests, rows_per_request)), torch.int64),
     }
 
@@ -374,6 +375,7 @@ def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperat
             draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
             seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
             top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids, stages=stages,
+            errors=_faults.error_counters(target.device), fault_role=_faults.give_up_role(),
         )
     return output, num_accepted
 
@@ -389,5 +391,6 @@ def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft
             draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
             seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
             top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids, stages=stages,
+            errors=_faults.error_counters(target.device), fault_role=_faults.give_up_role(),
         )
     return output, num_accepted

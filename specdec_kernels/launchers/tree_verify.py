@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import _workspace
+from .. import _faults, _workspace
 from ._shapes import cdiv, multiprocessor_count, next_power_of_2, unit_last_stride
 from .chain_verify import CHUNK_SIZE, search_block, split_words
 
@@ -125,8 +125,8 @@ def triton_workspace_specs(batch_size: int, tree_size: int, vocab_size: int, mul
     ones. The stage records of split requests (``N + 1`` records per request,
     for at most :func:`split_batch_bound` requests, trees of at most
     ``MAX_SPLIT_TREE_NODES`` nodes) are counters: every call
-    leaves them at zero, and ``timeout_counter`` counts waits that gave up
-    (0 unless something is badly wrong).
+    leaves them at zero, a wait that gave up included
+    (``specdec_kernels/_faults.py``).
     """
     num_chunks = cdiv(vocab_size, CHUNK_SIZE)
     split_requests = min(batch_size, split_batch_bound(multiprocessors))
@@ -136,7 +136,6 @@ def triton_workspace_specs(batch_size: int, tree_size: int, vocab_size: int, mul
         "tree_verify.chunk_total": (batch_size * num_chunks, torch.int64),
         "tree_verify.chunk_pick": (batch_size * num_chunks, torch.int32),
         "tree_verify.stage_counters": (max(1, split_requests * stages * STAGE_WORDS), torch.int64),
-        "tree_verify.timeout_counter": (1, torch.int32),
     }
 
 
@@ -172,6 +171,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
     with guard:
         scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, tree_size, vocab_size,
                                                                     multiprocessors, rows))
+        errors = _faults.error_counters(device)
         placeholder = target
         grid = (cdiv(batch_size, config.rows) * config.num_splits,)
         _tree_verify_kernel[grid](
@@ -181,7 +181,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
             placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
             accepted_nodes, output, num_accepted,
-            *scratch.values(),
+            *scratch.values(), errors, _faults.give_up_role(),
             batch_size, tree_size, vocab_size, config.num_chunks, config.num_splits, config.chunks_per_split,
             tree_token_ids.stride(0), tree_token_ids.stride(1), parents.stride(0), parents.stride(1),
             target.stride(0), target.stride(1),
@@ -212,8 +212,7 @@ def cuda_workspace_specs(batch_size: int, tree_size: int, vocab_size: int,
     proposal rows, written at a second rejection at a node, never in the
     split plan) — the layout of ``csrc/include/specdec/tree_verify.cuh``.
     Its contents need not be initialised. ``stages`` (int64): the split
-    plan's stage records, 16 words each, after a 16-word header whose word 0
-    counts the waits that gave up; ``N + 1`` records per request (trees of
+    plan's stage records, 16 words each, ``N + 1`` per request (trees of
     at most ``MAX_SPLIT_TREE_NODES`` nodes) for at
     most :func:`split_batch_bound` requests (``multiprocessors`` ``None``:
     the host, with the interpreter's constants). Zero-initialised once by
@@ -226,7 +225,7 @@ def cuda_workspace_specs(batch_size: int, tree_size: int, vocab_size: int,
     split_requests = min(batch_size, split_batch_bound(multiprocessors))
     stages = min(tree_size, MAX_SPLIT_TREE_NODES) + 1
     return {"tree_verify_cuda.workspace": (batch_size * (slot_words + row_floats), torch.int64),
-            "tree_verify_cuda.stages": (STAGE_WORDS * (1 + split_requests * stages), torch.int64)}
+            "tree_verify_cuda.stages": (max(1, STAGE_WORDS * split_requests * stages), torch.int64)}
 
 
 def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
@@ -251,5 +250,6 @@ def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperat
         tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
         seed_tensor, seed, offset_tensor, offset, workspace, accepted_nodes, output, num_accepted,
         top_k, top_p, min_p, bonus_token_ids, stages, num_splits,
+        errors=_faults.error_counters(device), fault_role=_faults.give_up_role(),
     )
     return accepted_nodes, output, num_accepted

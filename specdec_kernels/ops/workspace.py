@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend, _workspace
+from .. import _backend, _faults, _workspace
 from ..launchers import chain_verify as chain_verify_launchers
 from ..launchers import tree_verify as tree_verify_launchers
 from ..launchers._shapes import multiprocessor_count
@@ -89,3 +89,4 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
         specs.update(tree_verify_launchers.cuda_workspace_specs(batch_size, max_tree_nodes, vocab_size,
                                                                 multiprocessors))
     _workspace.reserve(device, specs, stream=stream, for_capture=for_capture)
+    _faults.error_counters(device)  # every stream and graph of the device shares them

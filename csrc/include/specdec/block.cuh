@@ -19,12 +19,16 @@
 //   take_ticket(counter, count)              a launch-wide order of block starts;
 //   take(counter)                            thread 0 counts in (relaxed); every thread
 //                                            gets the count before (int64 counters);
-//   add_relaxed(word, value)                 thread 0 adds to an int64 word (relaxed);
+//   add_relaxed(word, value)                 thread 0 adds to an int32 or int64 word (relaxed);
 //   max_relaxed(word, value)                 thread 0 raises an int64 word to value (relaxed);
 //   arrive(counter)                          release, count in, acquire; the count before;
 //   reset(counter)                           back to zero (the last arrival only);
-//   wait_at_least(counter, count, error)     bounded acquire-spin; false (and *error set)
-//                                            when the bound is hit.
+//   fetch_and_clear(word)                    thread 0 swaps an int32 word with 0; every
+//                                            thread gets the value before;
+//   wait_at_least(counter, count, fault)     bounded acquire-spin until *counter >= count or
+//                                            the request failed; a wait that gives up counts
+//                                            and raises the failure flag (faults.cuh); false
+//                                            once the request has failed.
 //
 // The counters of arrive and wait_at_least are int32 or int64 words.
 //
@@ -36,6 +40,7 @@
 #include <cstring>
 
 #include "specdec/common.cuh"
+#include "specdec/faults.cuh"
 
 // `#pragma unroll` for nvcc only (a plain C++ compiler warns about it).
 #if defined(__CUDACC__)
@@ -211,7 +216,8 @@ struct DeviceBlock {
   }
 
   // Thread 0 adds (relaxed); a later arrive() releases it.
-  __device__ __forceinline__ void add_relaxed(int64_t* word, int64_t value) const {
+  template <class Word>
+  __device__ __forceinline__ void add_relaxed(Word* word, Word value) const {
     if (thread() == 0) atomic_add(word, value);
   }
 
@@ -220,22 +226,33 @@ struct DeviceBlock {
     if (thread() == 0) atomicMax(reinterpret_cast<long long*>(word), static_cast<long long>(value));
   }
 
+  __device__ __forceinline__ static int32_t atomic_add_acq_rel(int32_t* word, int32_t value) {
+    int32_t before;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(before) : "l"(word), "r"(value) : "memory");
+    return before;
+  }
+  __device__ __forceinline__ static int64_t atomic_add_acq_rel(int64_t* word, int64_t value) {
+    int64_t before;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(before) : "l"(word), "l"(value) : "memory");
+    return before;
+  }
+  __device__ __forceinline__ static int32_t load_relaxed(const int32_t* word) {
+    int32_t seen;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
+    return seen;
+  }
+
   // Release this block's writes and count it in; every thread gets the count
-  // before the arrival. Every thread fences its own writes (several threads
-  // write chunk candidates), __syncthreads orders them before thread 0's
-  // fence and atomic (the release); the fence after the atomic is the
-  // acquire, so the last block's later reads see what earlier blocks
-  // released (CUDA's threadFenceReduction pattern).
+  // before the arrival. __syncthreads orders every thread's writes (several
+  // threads write chunk candidates) before thread 0's acq_rel atomic, whose
+  // release is cumulative over them; its acquire makes what earlier blocks
+  // released visible to thread 0, and the second barrier to the block. One
+  // atomic in one thread: a fence.sc in every thread (__threadfence) was a
+  // full-GPU ordering point per thread on the critical path.
   template <class Word>
   __device__ __forceinline__ int32_t arrive(Word* counter) const {
-    __threadfence();
     __syncthreads();
-    if (thread() == 0) {
-      __threadfence();
-      const Word before = atomic_add(counter, Word{1});
-      __threadfence();
-      shared->broadcast = static_cast<int32_t>(before);
-    }
+    if (thread() == 0) shared->broadcast = static_cast<int32_t>(atomic_add_acq_rel(counter, Word{1}));
     __syncthreads();
     return shared->broadcast;
   }
@@ -244,23 +261,29 @@ struct DeviceBlock {
     if (thread() == 0) atomicExch(counter, 0);
   }
 
-  // Thread 0 spins on an acquire load (bounded); the barrier passes the
-  // acquired view on to the block.
+  __device__ __forceinline__ int32_t fetch_and_clear(int32_t* word) const {
+    __syncthreads();  // the previous use of `broadcast` is over
+    if (thread() == 0) shared->broadcast = atomicExch(word, 0);
+    __syncthreads();
+    return shared->broadcast;
+  }
+
+  // Thread 0 spins on an acquire load (bounded), watching the request's
+  // failure flag; the barrier passes the acquired view on to the block.
   template <class Word>
-  __device__ __forceinline__ bool wait_at_least(const Word* counter, Word count, int32_t* error) const {
+  __device__ __forceinline__ bool wait_at_least(const Word* counter, Word count, const WaitFault& fault) const {
     __syncthreads();  // the previous use of `broadcast` is over
     if (thread() == 0) {
-      int32_t reached = 0;
-      for (int64_t spin = 0; spin < kMaxSpins; ++spin) {
-        if (load_acquire(counter) >= count) {
-          reached = 1;
-          break;
-        }
+      Word seen = load_acquire(counter);
+      int32_t failed = load_relaxed(fault.failed);
+      for (int64_t spin = 0; seen < count && failed == 0 && spin < kMaxSpins && !fault.give_up; ++spin) {
         __nanosleep(256);
+        seen = load_acquire(counter);
+        failed = load_relaxed(fault.failed);
       }
-      if (!reached) atomicOr(error, 1);
-      __threadfence();
-      shared->broadcast = reached;
+      const bool gave_up = failed == 0 && (seen < count || fault.give_up);
+      if (gave_up) atomicAdd(fault.failed, 1);
+      shared->broadcast = gave_up || failed != 0 ? 0 : 1;
     }
     __syncthreads();
     return shared->broadcast != 0;

@@ -42,8 +42,9 @@
 // taken when it starts, not from blockIdx: wave-2 roles hold higher tickets
 // than every wave-1 role, so a waiting block only waits on blocks that have
 // started (are resident or done), whatever order the hardware dispatches
-// blocks in and however many fit on the GPU. The wait is bounded and sets
-// an error flag instead of hanging (block.cuh).
+// blocks in and however many fit on the GPU. The wait is bounded: one that
+// gives up fails its request (faults.cuh), whose last block then counts the
+// fault and writes the failure outcome (tokens -1, num_accepted 0).
 //
 // Workspace (int64 words, contents need not be initialised):
 //   [B, num_chunks, 3]  per chunk: total of way 0 (residual, or p), total of
@@ -53,11 +54,10 @@
 //   logits: target max, sum, draft max, sum); their room caps num_splits.
 // Stage records (staged plan), int64 [B, chain_stage_request_words(K + 1)],
 // a separate buffer, zero before a call and left at zero.
-// Counters, int32 [2 + B]: the ticket counter, an error flag, then the
-// per-request arrivals. The ticket and the arrivals are zero before a call and
-// zero after it; the flag becomes nonzero only when a bounded wait gave up.
-// The ticket and the flag sit at fixed words, not after the last request: a
-// flag left set must never become a later, larger batch's arrival counter.
+// Counters, int32 [1 + 2 B]: the ticket counter, then per request its
+// arrivals and its failure flag (raised by a wait that gave up). All are
+// zero before a call and zero after it, give-ups included; a request's
+// words sit at the same place whatever the batch size.
 //
 // Top-k, top-p and min-p (reference _truncation.py): a threshold needs the
 // whole row. Two plans:
@@ -125,13 +125,15 @@
 #include "specdec/rng.cuh"
 #include "specdec/sampling.cuh"
 #include "specdec/chain_verify_stages.cuh"
+#include "specdec/faults.cuh"
 
 namespace specdec {
 
 // Word indices in the counters buffer (see "Counters" above).
 constexpr int64_t kChainTicketWord = 0;
-constexpr int64_t kChainErrorWord = 1;
-constexpr int64_t kChainFirstArrivalWord = 2;
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_arrivals_word(int64_t b) { return 1 + 2 * b; }
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_failed_word(int64_t b) { return 2 + 2 * b; }
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_counter_words(int64_t batch_size) { return 1 + 2 * batch_size; }
 
 // Everything a call reads and writes. Tensors are raw pointers; the last dim
 // of target/draft and of the outputs is contiguous. Shapes are those of the
@@ -157,7 +159,9 @@ struct ChainVerifyArgs {
   int32_t* num_accepted = nullptr;  // [B]
   int64_t* workspace = nullptr;     // see above; at least chain_verify_chunk_words(B, V)
   int64_t workspace_words = 0;
-  int32_t* counters = nullptr;  // [2 + B]: ticket, error flag, arrivals
+  int32_t* counters = nullptr;  // [1 + 2 B]: ticket, then per request arrivals and failure flag
+  int32_t* errors = nullptr;    // the device's fault counters (faults.cuh), or nullptr: not counted
+  int64_t fault_role = kNoFault;  // tests: the block of this role gives up its waits at once
   int64_t* stages = nullptr;    // the staged plan's records (chain_verify_stages.cuh), zero before and after a call
   int64_t stage_words = 0;      // its int64 words; less than chain_verify_stage_words(B, K): no staged plan
   IndexTensor top_k;             // [B] int32/int64, or data nullptr: off
@@ -237,9 +241,9 @@ struct ChainVerifyParams {
 // One launch on `stream`; returns the launch status (cudaGetLastError).
 cudaError_t launch_chain_verify(const ChainVerifyArgs& args, cudaStream_t stream);
 // The same block program on the host (host pointers): an emulated block of
-// std::threads runs the blocks one after another. Returns nullptr, or what
-// went wrong.
-const char* chain_verify_host(const ChainVerifyArgs& args);
+// std::threads runs the blocks one after another. A wait there never spins:
+// one that would have to gives up (faults.cuh), counted in args.errors.
+void chain_verify_host(const ChainVerifyArgs& args);
 
 }  // namespace specdec
 

@@ -229,6 +229,17 @@ SPECDEC_HOST_DEVICE void write_outputs(const Block& block, const Request<Prob, T
   if (block.thread() == 0) *num_accepted = static_cast<int32_t>(outcome.stop);
 }
 
+// The failure outcome of a request one of whose waits gave up (faults.cuh):
+// tokens -1, num_accepted 0.
+template <class Block>
+SPECDEC_HOST_DEVICE void write_failure(const Block& block, int64_t max_drafts, int32_t* output_row,
+                                       int32_t* num_accepted) {
+  for (int64_t position = block.thread(); position <= max_drafts; position += block.num_threads()) {
+    output_row[position] = -1;
+  }
+  if (block.thread() == 0) *num_accepted = 0;
+}
+
 // Where request b's rows start (in rows of each tensor's "_b" stride) and its
 // draft count. Padded: row 0 of request b is row b, n = num_draft_tokens[b]
 // clamped to [0, K]. Packed: start = clamp(cu[b], 0, T) and end =
@@ -258,12 +269,28 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RequestRows request_rows(const ChainVeri
   return {start, start + b, count < max_drafts ? count : max_drafts};
 }
 
+// Where the waits of a block of request b report giving up (`give_up`: the
+// tests' forced fault, for this block).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE WaitFault chain_wait_fault(const ChainVerifyArgs& args, int64_t b,
+                                                                   bool give_up) {
+  return {args.counters + chain_failed_word(b), give_up};
+}
+
+// Request b's last block, after every wait of it: whether one gave up (counted in args.errors).
+template <class Block>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool chain_request_failed(const Block& block, const ChainVerifyArgs& args,
+                                                                  int64_t b) {
+  return count_give_ups(block, args.counters + chain_failed_word(b),
+                        args.errors == nullptr ? nullptr : args.errors + kChainWaitGaveUp);
+}
+
 // Request b's stage records in the staged plan.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE StagedRecords staged_records(const ChainVerifyParams& params, int64_t b) {
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE StagedRecords staged_records(const ChainVerifyParams& params, int64_t b,
+                                                                     const WaitFault& fault) {
   const ChainVerifyArgs& args = params.args;
   const int64_t rows = static_cast<int64_t>(args.max_drafts) + 1;
   return {args.stages + b * chain_stage_request_words(rows), rows, params.plan.num_splits, params.plan.chunks_per_split,
-          args.vocab_size, args.counters + kChainErrorWord};
+          args.vocab_size, fault};
 }
 
 // One block: its role (wave, request, split) from its linear id, or from a
@@ -283,11 +310,12 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   const int64_t role =
       plan.two_waves ? block.take_ticket(counters + kChainTicketWord, static_cast<int32_t>(num_blocks)) : block_index;
   if (role < 0 || role >= num_blocks) {
-    // Only counters left dirty (by a call that never finished) get here: flag
-    // it and touch nothing; blocks waiting on this role give up (bounded).
-    if (block.thread() == 0) counters[kChainErrorWord] |= 1;
+    // Only counters damaged from outside get here: count it and touch
+    // nothing; blocks waiting on this role give up (bounded).
+    if (args.errors != nullptr) block.add_relaxed(args.errors + kChainBadTicket, int32_t{1});
     return;
   }
+  const bool give_up = role == args.fault_role;  // the role is not kept live: registers are at their cap
   const int64_t wave = role / blocks_per_wave;
   const int64_t b = (role - wave * blocks_per_wave) / num_splits;
   const int64_t split = role - wave * blocks_per_wave - b * num_splits;
@@ -328,8 +356,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
       reinterpret_cast<int32_t*>(args.workspace + chain_verify_chunk_words(args.batch_size, args.vocab_size)) +
           b * num_splits * stats_words,
       stats_words};
-  int32_t* arrivals = counters + kChainFirstArrivalWord + b;
-  int32_t* error = counters + kChainErrorWord;
+  int32_t* arrivals = counters + chain_arrivals_word(b);
   const int32_t arrivals_per_call = static_cast<int32_t>((plan.two_waves ? 2 : 1) * num_splits);
   int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
 
@@ -357,7 +384,11 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
 
   if (!kStaged && plan.two_waves && wave == 0) {
     record_slice_stats(block, request, stat_slots, split, vocab_lo, vocab_hi, last_recorded_row + 1);
-    block.arrive(arrivals);  // never the last: wave 2 arrives after all of wave 1
+    // Never the last: wave 2 arrives after all of wave 1. (Only tickets
+    // damaged from outside break that: a wave-2 block of the request then
+    // gives up its wait, and the outputs and counters of the request are
+    // whatever the blocks left.)
+    block.arrive(arrivals);
     return;
   }
 
@@ -365,7 +396,8 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   Decision decision = {num_drafts, {empty_stats(), empty_stats()}, no_truncation()};
   if constexpr (kStaged) {
     if (args.logits || request.truncating) {
-      decision = staged_decision(block, request, key, args.logits, stat_slots, staged_records(params, b), histogram,
+      decision = staged_decision(block, request, key, args.logits, stat_slots,
+                                 staged_records(params, b, chain_wait_fault(args, b, give_up)), histogram,
                                  last_recorded_row + 1);
     } else {
       decision.stop = decide_probabilities(block, request, key);
@@ -375,9 +407,9 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   } else if (!args.logits) {
     decision.stop = decide_probabilities(block, request, key);
   } else {
-    // Wave 1's statistics: a failed (bounded) wait has set the error flag;
-    // the block goes on with whatever it reads rather than hang.
-    block.wait_at_least(arrivals, static_cast<int32_t>(num_splits), error);
+    // Wave 1's statistics. A wait that gives up fails the request; the block
+    // goes on with whatever it reads rather than hang.
+    block.wait_at_least(arrivals, static_cast<int32_t>(num_splits), chain_wait_fault(args, b, give_up));
     decision = decide_from_slots(block, request, key, true, stat_slots, num_splits,
                                  [](int64_t) { return no_truncation(); });
   }
@@ -408,8 +440,13 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     // Every block read the records before arriving: the stages used go back
     // to zero. What was used is found again from the arguments rather than
     // kept live through the sample pass, where registers are at their cap.
-    clear_used_records(block, staged_records(params, b),
+    clear_used_records(block, staged_records(params, b, WaitFault{}),  // no more waits
                        load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size));
+  }
+  // Every wait of the request is over: one that gave up decides the outcome.
+  if (chain_request_failed(block, args, b)) {
+    write_failure(block, max_drafts, output_row, args.num_accepted + b);
+    return;
   }
   const int64_t token = takes_bonus ? request.bonus_token
                                     : finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);

@@ -85,7 +85,7 @@ struct StagedRecords {
   int64_t splits;
   int64_t chunks_per_split;
   int64_t vocab_size;
-  int32_t* error;  // set by a wait that gave up
+  WaitFault fault;  // where a wait that gives up reports it
 
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t* header(int stage) const { return records + stage * kStageWords; }
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t* payload(int stage, int64_t row) const {
@@ -104,7 +104,7 @@ SPECDEC_HOST_DEVICE void run_stage(const Block& block, const StagedRecords& stag
     work(slice, lo, end < staged.vocab_size ? end : staged.vocab_size);
     publish_slice(block, header);
   }
-  wait_for_slices(block, header, staged.splits, staged.error);
+  wait_for_slices(block, header, staged.splits, staged.fault);
 }
 
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE SplitTotal recorded_mass(const int64_t* payload) {

@@ -7,7 +7,7 @@
 // where the GPU has __syncthreads and shuffles. Barriers order all memory,
 // so plain loads see other threads' and earlier blocks' writes. Blocks run
 // one after another, so nothing ever waits on a block that has not run: a
-// wait that would fail sets the error flag instead.
+// wait that would fail gives up at once (faults.cuh).
 //
 // The CPU implementations of the extension's block programs (csrc/*.cu) run
 // on it, so CPU-only machines test the kernels' code.
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "specdec/common.cuh"
+#include "specdec/faults.cuh"
 
 namespace specdec {
 
@@ -176,7 +177,8 @@ struct SimtHostBlock {
     return by_thread_zero([&] { return static_cast<int32_t>((*counter)++); });
   }
 
-  SPECDEC_HOST_DEVICE void add_relaxed(int64_t* word, int64_t value) const {
+  template <class Word>
+  SPECDEC_HOST_DEVICE void add_relaxed(Word* word, Word value) const {
     if (tid == 0) *word += value;
   }
 
@@ -193,15 +195,24 @@ struct SimtHostBlock {
     if (tid == 0) *counter = 0;
   }
 
-  // Blocks run one after another in ticket order, so every block waited on
-  // has finished; a short count is a broken invariant and is reported
-  // through the error flag, never waited for.
-  template <class Word>
-  SPECDEC_HOST_DEVICE bool wait_at_least(const Word* counter, Word count, int32_t* error) const {
+  SPECDEC_HOST_DEVICE int32_t fetch_and_clear(int32_t* word) const {
     return by_thread_zero([&] {
-      const bool reached = *counter >= count;
-      if (!reached) *error |= 1;
-      return static_cast<int32_t>(reached);
+      const int32_t before = *word;
+      *word = 0;
+      return before;
+    });
+  }
+
+  // Blocks run one after another in ticket order, so every block waited on
+  // has finished; a short count is a broken invariant, never waited for: the
+  // wait gives up at once, as DeviceBlock's does at its bound.
+  template <class Word>
+  SPECDEC_HOST_DEVICE bool wait_at_least(const Word* counter, Word count, const WaitFault& fault) const {
+    return by_thread_zero([&] {
+      const bool failed = *fault.failed != 0;
+      const bool gave_up = !failed && (*counter < count || fault.give_up);
+      if (gave_up) ++*fault.failed;
+      return static_cast<int32_t>(!gave_up && !failed);
     }) != 0;
   }
 };

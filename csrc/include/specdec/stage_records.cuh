@@ -21,6 +21,7 @@
 
 #include "specdec/block.cuh"
 #include "specdec/common.cuh"
+#include "specdec/faults.cuh"
 
 namespace specdec {
 
@@ -52,11 +53,12 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void publish_slice(const Block& block, i
 }
 
 // Waits until every slice of the stage is published (all were taken by
-// running blocks); a wait that gives up sets *error.
+// running blocks), or until the request failed (faults.cuh); false once it
+// has.
 template <class Block>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void wait_for_slices(const Block& block, const int64_t* record,
-                                                             int64_t splits, int32_t* error) {
-  block.wait_at_least(record + kPublishedWord, splits, error);
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool wait_for_slices(const Block& block, const int64_t* record,
+                                                             int64_t splits, const WaitFault& fault) {
+  return block.wait_at_least(record + kPublishedWord, splits, fault);
 }
 
 }  // namespace specdec

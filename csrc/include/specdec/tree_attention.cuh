@@ -485,24 +485,21 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void merge_element(const TreeAttentionAr
 
 // Whether this block is the last of its program's splits to have stored
 // its partial states (every thread calls it, after its stores). On the GPU
-// the stores are released as DeviceBlock::arrive releases them (each thread
-// fences, a barrier, thread 0 fences and counts in) and the fence after the
-// count acquires the other splits' stores for the block; the last arrival
-// puts the counter back to zero (every split has counted in by then). No
-// block waits for another, so nothing depends on which blocks are resident.
-// The host runs blocks one after another: barriers order the count.
+// the stores are released as DeviceBlock::arrive releases them (a barrier,
+// then thread 0's acq_rel count), whose acquire makes the other splits'
+// stores visible, handed to the block by the second barrier; the last
+// arrival puts the counter back to zero (every split has counted in by
+// then). No block waits for another, so nothing depends on which blocks are
+// resident. The host runs blocks one after another: barriers order the count.
 template <class Block>
 SPECDEC_HOST_DEVICE bool last_split_arrives(const Block& block, int32_t* counter, int64_t splits, bool first_thread) {
 #if defined(__CUDA_ARCH__)
   (void)block;
-  __threadfence();
   __syncthreads();
   int last = 0;
   if (first_thread) {
-    __threadfence();
-    last = atomicAdd(counter, 1) == splits - 1;
+    last = DeviceBlock::atomic_add_acq_rel(counter, 1) == splits - 1;
     if (last) atomicExch(counter, 0);
-    __threadfence();
   }
   return __syncthreads_or(last) != 0;
 #else

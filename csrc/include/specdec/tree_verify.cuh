@@ -89,12 +89,15 @@
 // are zero between calls (zero-initialised once by the launcher's buffers).
 //
 // Ordering (split plan). Writes a block publishes (the totals' atomics,
-// the chunk results of any thread) are fenced by every thread, then a
-// barrier, then thread 0's fence and counter increment (block.cuh, arrive);
-// the waiting thread 0 spins on an acquire load, fences, and a barrier hands
-// the view to the block; shared words are read from L2 (ld.cg). A wait that
-// hits its bound counts into the error word (word 0 of the stage records)
-// and goes on; the host path reports it as an error.
+// the chunk results of any thread) are ordered by a barrier before thread
+// 0's acq_rel counter increment (block.cuh, arrive); the waiting thread 0
+// spins on an acquire load, and a barrier hands the view to the block;
+// shared words are read from L2 (ld.cg). A wait that gives up (its bound
+// hit) raises the request's failure flag in its end record (faults.cuh) and
+// its block ends its walk; the request's last block then counts the fault,
+// writes the failure outcome (tokens -1, accepted_nodes [0, -1, ...],
+// num_accepted 0), and zeroes the records of the most stages any of its
+// blocks used, as on every path.
 //
 // Workspace, int64 words per request, contents need not be initialised:
 //   3 * ceil(V / 1024) rounded up to even: per chunk the total and the
@@ -103,10 +106,9 @@
 //     base q (written without replacement with a draft only); they hold
 //     the current node's rows only after a second rejection there (never
 //     in the split plan). Rows start 16-byte aligned (vector loads).
-// Split plan only, the stage records (`stages`, zero between calls): a
-// 16-word header (word 0: the count of waits that gave up), then per
+// Split plan only, the stage records (`stages`, zero between calls): per
 // request N + 1 records of 16 words (kStageWords; at most N - 1 rejections
-// and the sample, then the end counter). No [B, N, V] scratch.
+// and the sample, then the end record). No [B, N, V] scratch.
 //
 // Values never cause an out-of-bounds access: parents are compared, never
 // followed; tokens outside [0, V) are never gathered; num_nodes is clamped.
@@ -126,6 +128,7 @@
 #include "specdec/block.cuh"
 #include "specdec/block_rows.cuh"
 #include "specdec/common.cuh"
+#include "specdec/faults.cuh"
 #include "specdec/index.cuh"
 #include "specdec/rng.cuh"
 #include "specdec/sampling.cuh"
@@ -164,6 +167,8 @@ struct TreeVerifyArgs {
   int64_t* workspace = nullptr;     // tree_verify_workspace_words(B, V)
   int64_t* stages = nullptr;        // split plan: tree_verify_stage_words(B, N), zero between calls
   int32_t num_splits = 1;           // blocks per request (1: one block walks a whole request)
+  int32_t* errors = nullptr;        // the device's fault counters (faults.cuh), or nullptr: not counted
+  int64_t fault_role = kNoFault;    // tests: the block of this role (b * num_splits + rank) gives up its waits
   int64_t batch_size = 0;
   int32_t max_nodes = 0;   // N, 1 <= N < 2**24 (the RNG position word)
   int32_t vocab_size = 0;  // 1 <= V <= 2**30
@@ -188,8 +193,9 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_workspace_words(int6
 // One launch on `stream`; returns the launch status (cudaGetLastError).
 cudaError_t launch_tree_verify(const TreeVerifyArgs& args, cudaStream_t stream);
 // The same block program on the host (host pointers), blocks one after
-// another; nullptr, or what went wrong (a bounded wait gave up).
-const char* tree_verify_host(const TreeVerifyArgs& args);
+// another. A wait there never spins: one that would have to gives up
+// (faults.cuh), counted in args.errors.
+void tree_verify_host(const TreeVerifyArgs& args);
 
 namespace tree_verify_detail {
 
@@ -456,9 +462,10 @@ SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t dr
 // of the pass from the stage's counter until none is left, adds each
 // slice's totals and publishes it, then waits for every slice (each taken by
 // a running block) and records the rejection, which every block derives
-// from the same totals. The walk replays it from then on.
+// from the same totals. The walk replays it from then on. False once the
+// request has failed (a wait gave up): the walk ends there.
 template <class Block, class Prob>
-SPECDEC_HOST_DEVICE void reject_split(const Block& block, Walk<Prob, true>& walk, int64_t drawn, SplitPlan& plan) {
+SPECDEC_HOST_DEVICE bool reject_split(const Block& block, Walk<Prob, true>& walk, int64_t drawn, SplitPlan& plan) {
   int64_t* record = plan.records + plan.stage * kStageWords;
   const int64_t slice_entries = plan.chunks_per_split * kChunkSize;
   for (int64_t slice = take_slice(block, record); slice < plan.splits; slice = take_slice(block, record)) {
@@ -466,10 +473,11 @@ SPECDEC_HOST_DEVICE void reject_split(const Block& block, Walk<Prob, true>& walk
     const int64_t hi = lo + slice_entries < walk.vocab_size ? lo + slice_entries : walk.vocab_size;
     publish_totals(block, record, rejection_pass(block, walk, drawn, lo, hi, false));
   }
-  wait_for_stage(block, plan, record);
+  const bool complete = wait_for_stage(block, plan, record);
   record_rejection(block, record, rejection_of(drawn, stage_totals(block, record)));
   ++plan.stage;
   walk.replay_end = plan.stage;
+  return complete;
 }
 
 template <class Block, class Prob>
@@ -562,10 +570,11 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   walk.logits = args.logits;
   walk.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
   walk.vocab_size = vocab_size;
-  SplitPlan plan = {nullptr, nullptr, 1, 0, 0};
+  SplitPlan plan = {nullptr, {nullptr, false}, 1, 0, 0};
   if (kSplit) {
-    plan.records = args.stages + kStageWords * (1 + b * (max_nodes + 1));
-    plan.error = reinterpret_cast<int32_t*>(args.stages);
+    plan.records = args.stages + kStageWords * b * (max_nodes + 1);
+    plan.fault = {reinterpret_cast<int32_t*>(plan.records + max_nodes * kStageWords + kFailedWord),
+                  b * args.num_splits + rank == args.fault_role};
     plan.splits = args.num_splits;
     const int64_t num_chunks = (vocab_size + kChunkSize - 1) / kChunkSize;
     plan.chunks_per_split = (num_chunks + plan.splits - 1) / plan.splits;
@@ -589,6 +598,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   bool stats_ready = false;      // logits: statistics of the current node's input rows
   bool truncation_ready = false;  // truncating: walk.target.truncation is the current node's
   bool rejected_here = false;     // a child of the current node was tried and rejected
+  bool failed = false;            // split plan: a wait of the request gave up (the outcome is decided)
   for (int64_t after = 0;;) {
     const int64_t child = next_child(block, tree, current, after);
     if (child < 0) break;
@@ -616,7 +626,8 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
       accepted = accept(uniform, draft_prob, target_prob);
       if (!accepted) {
         if constexpr (kSplit) {
-          reject_split(block, walk, token, plan);
+          failed = !reject_split(block, walk, token, plan);
+          if (failed) break;
         } else {
           reject(block, walk, token);
         }
@@ -641,7 +652,9 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   }
 
   int64_t emitted;
-  if (args.bonus_token_ids.data != nullptr && !rejected_here) {
+  if (failed) {
+    emitted = -1;  // the request's last block writes the failure outcome
+  } else if (args.bonus_token_ids.data != nullptr && !rejected_here) {
     emitted = args.bonus_token_ids[b];  // the path ends at a leaf: the engine's token, no row read
   } else if (greedy) {
     emitted = choice != -2 ? choice : greedy_choice(block, target + current * args.target_stride_n, vocab_size,
@@ -668,7 +681,16 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
       output_row[slot] = -1;
     }
   }
-  if (kSplit) end_request(block, plan, max_nodes);
+  int32_t* errors = args.errors == nullptr ? nullptr : args.errors + kTreeWaitGaveUp;
+  if (kSplit && end_request(block, plan, max_nodes, errors)) {
+    // The request's last block, and a wait of the request gave up: the
+    // failure outcome, over whatever the writer stored (before its arrival).
+    for (int64_t slot = block.thread(); slot < max_nodes; slot += block.num_threads()) {
+      accepted_row[slot] = slot == 0 ? 0 : -1;
+      output_row[slot] = -1;
+    }
+    if (block.thread() == 0) args.num_accepted[b] = 0;
+  }
 }
 
 #if defined(__CUDACC__)

@@ -27,17 +27,21 @@
 namespace specdec {
 
 // Split plan: the stage records (kernels/tree_verify_stages.py's layout),
-// kStageWords int64 words each, after a header line whose word 0 counts the
-// waits that gave up; request b's N + 1 records start at
-// kStageWords * (1 + b * (N + 1)).
+// kStageWords int64 words each; request b's N + 1 records start at
+// kStageWords * b * (N + 1), the last its end record (below).
 // Words 0-1, the slice counters: stage_records.cuh.
 constexpr int64_t kTotalsWord = 2;      // six words: residual, p, q without the token; high31 then low31
 constexpr int64_t kTokenWord = 8;       // the rejection as applied: token,
 constexpr int64_t kResidualWord = 9;    // residual-had-mass flag,
 constexpr int64_t kTargetReciprocalWord = 10;  // float32 bits of the p reciprocal,
 constexpr int64_t kDraftReciprocalWord = 11;   // and of the q reciprocal
+// The end record: blocks counted out, the most stages a block of the
+// request used, and its failure flag (int32, raised by a wait that gave up).
+constexpr int64_t kEndedWord = 0;
+constexpr int64_t kStagesUsedWord = 1;
+constexpr int64_t kFailedWord = 2;
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_stage_words(int64_t split_requests, int64_t max_nodes) {
-  return kStageWords * (1 + split_requests * (max_nodes + 1));
+  return kStageWords * split_requests * (max_nodes + 1);
 }
 
 namespace tree_verify_detail {
@@ -84,8 +88,8 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending rejection_of(int64_t drawn, cons
 
 // Split plan: a request's blocks and their place in its stage records.
 struct SplitPlan {
-  int64_t* records;    // the request's N + 1 records; record N counts the blocks out
-  int32_t* error;      // counts the waits that gave up
+  int64_t* records;    // the request's N + 1 records; record N is its end record
+  WaitFault fault;     // where a wait that gives up reports it
   int64_t splits;      // blocks per request = slices per stage
   int64_t chunks_per_split;
   int64_t stage;       // the next stage
@@ -104,11 +108,11 @@ SPECDEC_HOST_DEVICE void publish_totals(const Block& block, int64_t* record, con
 }
 
 // Waits until every slice of the stage is published (all were taken by
-// running blocks); a wait that gives up counts into plan.error.
+// running blocks), or until the request failed; false once it has.
 template <class Block>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void wait_for_stage(const Block& block, const SplitPlan& plan,
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool wait_for_stage(const Block& block, const SplitPlan& plan,
                                                             const int64_t* record) {
-  wait_for_slices(block, record, plan.splits, plan.error);
+  return wait_for_slices(block, record, plan.splits, plan.fault);
 }
 
 // The complete totals of a published rejection stage (read from L2).
@@ -136,15 +140,25 @@ SPECDEC_HOST_DEVICE void record_rejection(const Block& block, int64_t* record, c
 }
 
 // Split plan: counts the block out; the request's last block puts the
-// records of the stages used and the counter back to zero.
+// records of the most stages any block used (a block that gave up a wait
+// stopped early, and another may have gone on past it) and the end record
+// back to zero, and counts the waits that gave up into `errors`. True in
+// the last block when the request failed.
 template <class Block>
-SPECDEC_HOST_DEVICE void end_request(const Block& block, const SplitPlan& plan, int64_t max_nodes) {
-  int64_t* counter = plan.records + max_nodes * kStageWords;
-  if (block.arrive(counter) != plan.splits - 1) return;  // after every read of the records
-  for (int64_t word = block.thread(); word < plan.stage * kStageWords; word += block.num_threads()) {
+SPECDEC_HOST_DEVICE bool end_request(const Block& block, const SplitPlan& plan, int64_t max_nodes, int32_t* errors) {
+  int64_t* end = plan.records + max_nodes * kStageWords;
+  block.max_relaxed(end + kStagesUsedWord, plan.stage);
+  if (block.arrive(end + kEndedWord) != plan.splits - 1) return false;  // after every read of the records
+  const int64_t used = block.load_published(end + kStagesUsedWord);
+  const bool failed = count_give_ups(block, plan.fault.failed, errors);
+  for (int64_t word = block.thread(); word < used * kStageWords; word += block.num_threads()) {
     plan.records[word] = 0;
   }
-  if (block.thread() == 0) *counter = 0;
+  if (block.thread() == 0) {
+    end[kEndedWord] = 0;
+    end[kStagesUsedWord] = 0;
+  }
+  return failed;
 }
 
 }  // namespace tree_verify_detail

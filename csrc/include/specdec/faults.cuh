@@ -1,0 +1,48 @@
+// Faults the kernels detect and what a wait does about them: the CUDA side of
+// specdec_kernels/_faults.py (word indices of the device's fault counters,
+// checked equal by the tests).
+//
+// A bounded wait that gives up (its bound reached, or forced by a test)
+// adds one to its request's failure flag; the request's last block then
+// counts the flag into the op's word of the fault counters, clears it and
+// writes the failure outcome (tokens -1, num_accepted 0), and, as on every
+// path, puts the workspace back at zero. Once the flag is up the request's
+// other waits end at once: the outcome is decided, and each would otherwise
+// spin to its own bound. (The waiting block touches the flag only: a
+// second pointer live into every wait cost the chain kernels 4-12 bytes of
+// spills at their 128-register cap.)
+//
+// This header includes no torch header.
+#pragma once
+
+#include <cstdint>
+
+#include "specdec/common.cuh"
+
+namespace specdec {
+
+// Words of the device's fault counters (int32, _faults.KINDS).
+constexpr int kChainWaitGaveUp = 0;
+constexpr int kTreeWaitGaveUp = 1;
+constexpr int kChainBadTicket = 2;
+constexpr int kFaultKinds = 3;
+
+constexpr int64_t kNoFault = -1;  // the role of a launch without a forced give-up
+
+// Where a wait reports giving up.
+struct WaitFault {
+  int32_t* failed;  // the request's failure flag: the count of its waits that gave up
+  bool give_up;     // tests: the block gives up its waits at once
+};
+
+// The last block of a request, after every wait of it: clears the failure
+// flag, counts the waits that gave up into `errors` (the op's word of the
+// fault counters; nullptr: not counted) and returns whether any did.
+template <class Block>
+SPECDEC_HOST_DEVICE bool count_give_ups(const Block& block, int32_t* failed, int32_t* errors) {
+  const int32_t gave_up = block.fetch_and_clear(failed);
+  if (gave_up != 0 && errors != nullptr) block.add_relaxed(errors, gave_up);
+  return gave_up != 0;
+}
+
+}  // namespace specdec

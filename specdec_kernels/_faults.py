@@ -1,0 +1,107 @@
+"""Faults the kernels detect, counted on the device, and ``sk.kernel_errors``.
+
+The programs of one request in the split, staged and two-wave plans meet
+through counters in the workspace, and a program waits (bounded) only for
+work that running programs took. A wait that reaches its bound anyway
+(a broken invariant, or counters damaged from outside) *gives up*: it counts
+the fault here, marks its request failed, and the request gets the defined
+failure outcome (tokens ``-1``, ``num_accepted`` 0, ``accepted_nodes``
+``[0, -1, ...]``); every workspace record the call touched is still put back
+at zero, so the next call is unaffected. Once a request is marked failed,
+its other programs stop waiting for it (their outcome is decided).
+
+One ``int32 [len(KINDS)]`` buffer per device, shared by every stream and
+every captured graph (faults are rare; atomics from any stream may add to
+it), read by :func:`kernel_errors` with one synchronisation. The CUDA kernels
+use the same word indices (``csrc/include/specdec/faults.cuh``).
+
+Tests force a give-up with :func:`forced_give_up`: the program (Triton) or
+block (CUDA) of the given *role* gives up its first wait at once. A role is
+the program's place in the launch: ``request * splits + slice`` in the
+split and staged plans, ``wave * B * splits + request * splits + slice``
+in the two-wave plan (``launchers/`` say which plan a call takes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+from . import _workspace
+
+# Word i of the device's buffer counts faults of kind KINDS[i].
+KINDS = (
+    "chain_verify.wait_gave_up",  # a program's bounded wait on the request's other programs gave up
+    "tree_verify.wait_gave_up",
+    "chain_verify.bad_ticket",  # CUDA: a launch-order ticket outside the grid (counters damaged from outside)
+)
+CHAIN_WAIT_GAVE_UP, TREE_WAIT_GAVE_UP, CHAIN_BAD_TICKET = range(len(KINDS))
+NO_FAULT = -1  # the role passed to the kernels when no give-up is forced
+
+_BUFFER_NAME = "kernel_errors"
+_forced = threading.local()
+
+
+def error_counters(device: torch.device) -> torch.Tensor:
+    """The device's fault counters, ``int32 [len(KINDS)]``, created zeroed on first use (outside capture)."""
+    return _workspace.device_buffer(_BUFFER_NAME, len(KINDS), torch.int32, device)
+
+
+def kernel_errors(device=None, reset: bool = True) -> dict[str, int]:
+    """Counts of the faults the kernels detected on ``device`` since the last reset.
+
+    A fault is, for example, a bounded wait that gave up: the request
+    whose program gave up got the failure outcome (tokens ``-1``,
+    ``num_accepted`` 0) and the workspace was left as the call found it. The
+    counts are read with one synchronisation; ``reset`` sets them back to
+    zero (faults counted by kernels running on other streams meanwhile may be
+    lost).
+
+    Parameters
+    ----------
+    device : torch.device or str, optional
+        Default: the current CUDA device, or the CPU without CUDA (the CUDA
+        extension's host path and the Triton interpreter count there).
+    reset : bool
+        Zero the counts after reading them.
+
+    Returns
+    -------
+    dict[str, int]
+        One entry per kind, e.g. ``{"chain_verify.wait_gave_up": 0, ...}``.
+
+    Examples
+    --------
+    >>> sk.kernel_errors("cpu")
+    {'chain_verify.wait_gave_up': 0, 'tree_verify.wait_gave_up': 0, 'chain_verify.bad_ticket': 0}
+    """
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    counters = _workspace.existing_device_buffer(_BUFFER_NAME, torch.int32, device)
+    if counters is None:  # no kernel that counts faults has run there
+        return dict.fromkeys(KINDS, 0)
+    counts = counters.clone() if reset else counters
+    if reset:
+        counters.sub_(counts)
+    return dict(zip(KINDS, counts.tolist()))
+
+
+def give_up_role() -> int:
+    """The role whose first wait the next launches give up (:data:`NO_FAULT` unless a test forces one)."""
+    return getattr(_forced, "role", NO_FAULT)
+
+
+@contextlib.contextmanager
+def forced_give_up(role: int):
+    """Tests only: launches in this block make the program or block of ``role`` give up its first wait."""
+    previous = give_up_role()
+    _forced.role = role
+    try:
+        yield
+    finally:
+        _forced.role = previous
