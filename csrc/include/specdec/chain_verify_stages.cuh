@@ -184,8 +184,8 @@ SPECDEC_HOST_DEVICE void staged_search(const Block& block, TruncationHistogram* 
       const int64_t* bins = staged.payload(stage, row);
       block.sync();  // the previous reads of the bins are over
       for (int digit = block.thread(); digit < kRadixBins; digit += block.num_threads()) {
-        histogram->high31[digit] = static_cast<uint64_t>(record_word(bins, 2 * digit));
-        histogram->low31[digit] = static_cast<uint64_t>(record_word(bins, 2 * digit + 1));
+        histogram->high31.set(digit, static_cast<uint64_t>(record_word(bins, 2 * digit)));
+        histogram->low31.set(digit, static_cast<uint64_t>(record_word(bins, 2 * digit + 1)));
       }
       block.sync();
       const detail::RadixState state =

@@ -14,7 +14,8 @@
 // found from the top bit of the 31-bit keys down, 8 bits per pass (bits
 // 30-23, 22-15, 14-7, 6-0): one pass over the row adds every token whose
 // key extends the bits found so far into a 256-bin histogram in shared
-// memory (integer atomics: the same sums in any order), then a block scan
+// memory (32-bit integer atomics on word pairs, split_word_bins.cuh: the
+// same sums in any order), then a block scan
 // from the top bin finds the largest digit that reaches the goal. Four
 // passes per search instead of the Triton kernels' eight (a 16-candidate
 // measure per pass). Masses are split at bit 31 as the sampler's totals
@@ -35,6 +36,7 @@
 #include "specdec/common.cuh"
 #include "specdec/index.cuh"
 #include "specdec/sampling.cuh"
+#include "specdec/split_word_bins.cuh"
 
 namespace specdec {
 
@@ -92,15 +94,18 @@ constexpr int kRadixBins = 1 << kRadixBits;
 constexpr int kKeyBits = 31;  // keys of cleaned probabilities are below 2**30
 constexpr int kRadixPasses = (kKeyBits + kRadixBits - 1) / kRadixBits;  // bits 30-23, 22-15, 14-7, 6-0
 
-// Shared memory of one block: per bin, the split sums of what fell in it.
+// Shared memory of one block: per bin, the split sums of what fell in it,
+// as 32-bit word pairs (split_word_bins.cuh: no 64-bit shared atomics).
+// high31[digit] and low31[digit] read a bin as uint64.
 struct TruncationHistogram {
-  uint64_t high31[kRadixBins];
-  uint64_t low31[kRadixBins];
+  SplitWordBins<kRadixBins> high31;
+  SplitWordBins<kRadixBins> low31;
 };
 
-// *address += value, atomically (device scope on the GPU, whether `address`
-// is shared or global memory; the host emulation's threads share plain
-// memory, and its barriers order these adds before any read).
+// *address += value, atomically, for global memory (device scope; a native
+// 64-bit RED on sm_80/sm_90a, where the same add on shared memory would be a
+// compare-and-swap loop). The host emulation's threads share plain memory,
+// and its barriers order these adds before any read.
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void block_atomic_add(uint64_t* address, uint64_t value) {
 #if defined(__CUDA_ARCH__)
   atomicAdd(reinterpret_cast<unsigned long long*>(address), static_cast<unsigned long long>(value));
@@ -190,20 +195,36 @@ SPECDEC_HOST_DEVICE void measure_pass(const Block& block, TruncationHistogram* h
                                       const Load& load, uint32_t found, RadixPass pass, bool by_mass) {
   block.sync();  // the previous reads of the bins are over
   for (int digit = block.thread(); digit < kRadixBins; digit += block.num_threads()) {
-    histogram->high31[digit] = 0;
-    histogram->low31[digit] = 0;
+    histogram->high31.set(digit, 0);
+    histogram->low31.set(digit, 0);
   }
   block.sync();
   for_each_token<kWidth>(block, lo, hi, load, [&](int32_t key, uint64_t weight) {
     const uint32_t bits = static_cast<uint32_t>(key);
     if ((bits >> pass.top) != (found >> pass.top)) return;
-    const uint32_t digit = (bits >> pass.shift) & static_cast<uint32_t>(pass.num_digits - 1);
-    const uint64_t measure = by_mass ? weight : 1;
-    if (measure >> 31) block_atomic_add(&histogram->high31[digit], measure >> 31);
-    if (measure & kLow31Mask) block_atomic_add(&histogram->low31[digit], measure & kLow31Mask);
+    const int digit = static_cast<int>((bits >> pass.shift) & static_cast<uint32_t>(pass.num_digits - 1));
+    // Bounds of the 32-bit words (split_word_bins.cuh). A count bin holds at
+    // most hi - lo <= V < 2**32 tokens (a row of 2**32 float32 would be
+    // 16 GiB; the sampler's totals assume V <= 2**30), so its low word never
+    // wraps. A mass piece is below 2**32 (W <= 2**52: W >> 31 <= 2**21, the
+    // low piece < 2**31), and a bin's sums, at most V * 2**21 and below
+    // V * 2**31, stay below 2**64 for V <= 2**30.
+    if (!by_mass) {
+      histogram->low31.add_below_2_32(digit, 1u);
+      return;
+    }
+    const uint32_t high = static_cast<uint32_t>(weight >> 31);
+    const uint32_t low = static_cast<uint32_t>(weight & kLow31Mask);
+    if (high != 0) histogram->high31.add(digit, high);
+    if (low != 0) histogram->low31.add(digit, low);
   });
   block.sync();
 }
+
+// One half of split totals, scanned on its own (choose_digit).
+struct AddUint64 {
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE uint64_t operator()(uint64_t a, uint64_t b) const { return a + b; }
+};
 
 // The search after a pass whose whole-row bins are in `histogram`: the
 // largest digit whose tokens, with those above it, reach the goal. Thread t
@@ -220,9 +241,17 @@ SPECDEC_HOST_DEVICE RadixState choose_digit(const Block& block, const Truncation
     const int digit = pass.num_digits - 1 - index;
     const SplitTotal own = index < pass.num_digits ? SplitTotal{histogram->high31[digit], histogram->low31[digit]}
                                                    : SplitTotal{0, 0};
+    // The halves are scanned one after the other, not as one 16-byte
+    // value: this scan is the peak of live registers in tree_verify's
+    // kernel (nvdisasm -plr), and with one scan tree_verify_kernel<*,
+    // int64, split> spilled 12 B at its 128-register cap on sm_90a. Two
+    // scans: no spill; the tree kernels with int32 ids went from 126-128
+    // to 96-110 registers, and no kernel uses more than before.
     SplitTotal group_total;
-    const SplitTotal before =
-        AddSplitTotals()(carry, block.block_exclusive_scan(own, AddSplitTotals(), SplitTotal{0, 0}, &group_total));
+    SplitTotal scanned;
+    scanned.high31 = block.block_exclusive_scan(own.high31, AddUint64(), uint64_t{0}, &group_total.high31);
+    scanned.low31 = block.block_exclusive_scan(own.low31, AddUint64(), uint64_t{0}, &group_total.low31);
+    const SplitTotal before = AddSplitTotals()(carry, scanned);
     if (index < pass.num_digits && split_total_float64(AddSplitTotals()(before, own)) >= goal) {
       choice = LargerDigit()(choice, DigitChoice{digit, before});
     }
