@@ -25,6 +25,7 @@ import torch
 
 import specdec_kernels as sk
 from specdec_kernels import _workspace
+from specdec_kernels.launchers import chain_verify as chain_launchers
 
 CHECKS = {}
 COUNTER_NAME = re.compile(r"arrival|ticket|counter")
@@ -33,6 +34,17 @@ COUNTER_NAME = re.compile(r"arrival|ticket|counter")
 def check(function):
     CHECKS[function.__name__] = function
     return function
+
+
+def keep_busy():
+    """Queues 20 bf16 8192x8192 products on a side stream, so that SMs stay busy while the check's kernel runs."""
+    stream = torch.cuda.Stream()
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    stream.wait_stream(torch.cuda.current_stream())  # a is written on the current stream
+    a.record_stream(stream)  # and freed below while the side stream may still read it
+    with torch.cuda.stream(stream):
+        for _ in range(20):
+            a = a @ a.T * 1e-4
 
 
 def problem(batch_size, max_drafts, vocab_size, *, logits=False, dtype=torch.float32, seed=0, device="cuda"):
@@ -183,19 +195,36 @@ def compile_reduce_overhead(backend):
     return ok and counters_at_zero(), "batch sizes 1, 3, 8, 3, 17, 1, 8"
 
 
+def chain_plan(batch_size, max_drafts, vocab_size) -> chain_launchers.LaunchConfig:
+    """The Triton launcher's untruncated configuration of a chain call on the GPU (its own function)."""
+    multiprocessors = chain_launchers._multiprocessor_count(torch.device("cuda", torch.cuda.current_device()))
+    return chain_launchers.launch_config(batch_size, max_drafts + 1, vocab_size, multiprocessors)
+
+
+# (B, K, V) of logits_busy_gpu: on a 132-SM H200, 3 vocabulary slices per row (tests/test_gpu_check.py).
+LOGITS_BUSY_SHAPES = (128, 8, 128256)
+
+
 @check
 def logits_busy_gpu(backend):
-    """Logits at B=1024, K=8 while another stream keeps SMs busy: no program may wait on one never scheduled."""
-    ids, target, draft = problem(1024, 8, 32000, logits=True, dtype=torch.bfloat16)
+    """Logits on the two-wave plan (several vocabulary slices per row: the second wave's programs wait for the
+    first's statistics) while another stream keeps SMs busy: no program may wait on one never scheduled.
+
+    B=128, K=8, V=128256 on a 132-SM H200: 3 slices per row, 2 x 128 x 3 = 768 Triton programs, about three
+    times what is resident; the CUDA kernel's plan (2 blocks per SM) splits these rows in 3 as well."""
+    batch_size, max_drafts, vocab_size = LOGITS_BUSY_SHAPES
+    config = chain_plan(batch_size, max_drafts, vocab_size)
+    if config.num_splits < 2:  # one slice per row is the one-wave walk: nothing here would test the waits
+        return False, f"the shapes take the one-wave walk plan ({config}), not the two-wave plan"
+    row_blocks = -(-batch_size // config.rows)
+    plan = (f"Triton plan: 2 waves x {row_blocks} row blocks x {config.num_splits} slices = "
+            f"{2 * row_blocks * config.num_splits} programs")
+    ids, target, draft = problem(batch_size, max_drafts, vocab_size, logits=True, dtype=torch.bfloat16)
     expected = sk.chain_verify(ids, target, draft, logits=True, seed=6, offset=0, backend=backend)
-    side = torch.cuda.Stream()
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    with torch.cuda.stream(side):
-        for _ in range(20):
-            a = a @ a.T * 1e-4
+    keep_busy()
     actual = sk.chain_verify(ids, target, draft, logits=True, seed=6, offset=0, backend=backend)
     torch.cuda.synchronize()
-    return same(expected, actual, logits=True) and counters_at_zero(), "finished while a matmul stream ran"
+    return same(expected, actual, logits=True) and counters_at_zero(), f"{plan}; finished while a matmul stream ran"
 
 
 def bushy_tree(batch_size, tree_size, vocab_size, seed):
@@ -218,11 +247,7 @@ def tree_split_busy_gpu(backend):
     ids, parents, target, draft = bushy_tree(2, 64, 128256, seed=9)
     expected = [sk.tree_verify(ids, parents, target, draft, seed=3, offset=step, backend="reference")
                 for step in range(4)]
-    side = torch.cuda.Stream()
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    with torch.cuda.stream(side):
-        for _ in range(20):
-            a = a @ a.T * 1e-4
+    keep_busy()
     busy = sk.tree_verify(ids, parents, target, draft, seed=3, offset=0, backend=backend)
     torch.cuda.synchronize()
     offset = torch.zeros((), dtype=torch.int64, device="cuda")
@@ -316,6 +341,10 @@ def two_streams(backend):
     problems = [problem(16, 4, 128256, seed=seed) for seed in (1, 2)]
     expected = [sk.chain_verify(*p, seed=9, offset=4, backend=backend) for p in problems]
     streams = [torch.cuda.Stream() for _ in problems]
+    for stream in streams:  # the inputs were written on the current stream
+        stream.wait_stream(torch.cuda.current_stream())
+    # `problems` keeps the inputs alive until the synchronize below, so their memory cannot be reused while the
+    # side streams read it (no record_stream needed); the outputs are allocated on the streams that write them.
     results = [[], []]
     for _ in range(50):
         for index, (stream, arguments) in enumerate(zip(streams, problems)):
