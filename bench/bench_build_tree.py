@@ -1,7 +1,7 @@
 """Benchmark of ``sk.build_tree``: reference, Triton, CUDA (the backends that exist).
 
 Sweep (GPU): B in {1, 8, 64, 256}, N in {8, 32, 64, 256}; ``--quick``: N = 64.
-On a CPU: small batches, reference only.
+On a CPU: small batches, reference only. ``--targets``: B = 64, N = 64.
 
 Inputs: EAGLE-like trees (``harness.eagle_tree``: top-k 4-8 near the root,
 depth 4-6), the same for every request, and random ``prefix_lens``. Minimum bytes: read ``parents`` ``[B, N]`` and
@@ -23,6 +23,9 @@ OP = "build_tree"
 BATCH_KEY = "B"
 SERIES_KEYS = ("N",)
 NOTES = ["min_bytes: parents + prefix_lens read, mask + depth + positions written (input-independent)."]
+
+
+TARGETS = [dict(B=64, N=64)]
 
 
 def configs(settings: harness.Settings) -> list[dict]:

@@ -3,6 +3,8 @@
 Sweep (GPU): B in {1, 8, 64, 256}, K in {1, 4, 8}, V in {32000, 128256, 151936},
 inputs as float32 probabilities and as bfloat16 logits. ``--quick`` keeps
 K = 4 and V = 128256. On a CPU: V = 32000, small batches, reference only.
+``--targets``: K = 4, V = 128256 at B = 1 (decode: the graph replay time) and
+B = 64, 256 (the bandwidth), both inputs, untruncated, padded.
 
 Inputs: target logits ``3 * N(0, 1)``, draft logits = target + ``0.5 * N(0, 1)``
 (acceptance about 0.8 per position), draft tokens sampled from the draft.
@@ -73,6 +75,10 @@ NOTES = [
     "plain: the textbook PyTorch verifier (torch.rand, torch.multinomial on the residual; bench/plain_verifier.py); "
     "its 'x ref' column is the reference's time over its time.",
 ]
+
+
+TARGETS = [dict(B=b, K=4, V=128256, inputs=inputs, layout="padded", sampling=NO_SAMPLING)
+           for b in (1, 64, 256) for inputs in INPUTS]
 
 
 def configs(settings: harness.Settings) -> list[dict]:

@@ -2,7 +2,8 @@
 
 Sweep (GPU): B in {1, 8, 64}, tree size N in {8, 32, 64, 256}, V in {32000, 128256},
 float32 probabilities and bfloat16 logits; ``--quick``: N = 32, V = 32000.
-On a CPU: V = 32000, small batches, reference only.
+On a CPU: V = 32000, small batches, reference only. ``--targets``: B = 8,
+N = 64, V = 128256, both inputs, untruncated.
 
 Inputs: EAGLE-like breadth-first trees (``harness.eagle_tree``: top-k 4-8
 near the root, depth 4-6; N = 8 is two children a level), the same for
@@ -49,6 +50,9 @@ NOTES = [
     "mean_accepted in each row is the mean accepted depth.",
     "matches_reference: bit-exact for probabilities; for logits at least 99% of requests identical.",
 ]
+
+
+TARGETS = [dict(B=8, N=64, V=128256, inputs=inputs, sampling=SAMPLING_MODES[0]) for inputs in INPUTS]
 
 
 def configs(settings: harness.Settings) -> list[dict]:

@@ -12,6 +12,7 @@ A bench module provides::
     SERIES_KEYS = ("inputs",)            # config keys that get their own plot line
     NOTES = [...]                        # how the minimum bytes are counted
     MIN_BYTES_BASIS = "..."              # optional: "measured ..." when they depend on the outputs
+    TARGETS = [dict(...), ...]           # optional: the target shapes (--targets; bench/gpu_check.sh)
     configs(settings) -> list[dict]      # the sweep
     providers(settings) -> list[str]     # "reference", "triton", "cuda", peers
     Case(config, settings)               # one config: .make_inputs(i), .set_bytes(inputs),
@@ -81,6 +82,7 @@ class Settings:
     device: torch.device
     quick: bool = False
     tiny: bool = False
+    targets: bool = False  # each op's TARGETS instead of its sweep (tiny sizes still win)
     providers: tuple[str, ...] | None = None  # None: every provider that can run
     time_budget_s: float = 0.3  # per timing loop
     min_reps: int = 5
@@ -96,7 +98,7 @@ class Settings:
 
 
 def make_settings(device: str | None = None, quick: bool = False, tiny: bool | None = None,
-                  providers=None) -> Settings:
+                  providers=None, targets: bool = False) -> Settings:
     if tiny is None:
         tiny = os.environ.get(TINY_ENV, "0") not in ("", "0")
     if device is None:
@@ -104,7 +106,7 @@ def make_settings(device: str | None = None, quick: bool = False, tiny: bool | N
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    settings = Settings(device=device, quick=quick, tiny=tiny,
+    settings = Settings(device=device, quick=quick, tiny=tiny, targets=targets,
                         providers=tuple(providers) if providers else None)
     settings.cache_bytes = cache_size_bytes(device)
     if device.type == "cuda":
@@ -374,6 +376,15 @@ def missing_providers(module, settings: Settings, available: list[str]) -> dict[
     return reasons
 
 
+def op_configs(module, settings: Settings) -> list[dict]:
+    """The sizes to run: the op's ``TARGETS`` under ``--targets`` (except with tiny sizes), else its sweep."""
+    if settings.targets and not settings.tiny:
+        if not hasattr(module, "TARGETS"):
+            raise SystemExit(f"{module.OP} has no target shapes (TARGETS in bench_{module.OP}.py)")
+        return list(module.TARGETS)
+    return module.configs(settings)
+
+
 def config_label(config: dict) -> str:
     return " ".join(f"{key}={value}" for key, value in config.items())
 
@@ -427,7 +438,7 @@ def children_lists(parents: list[int]) -> list[list[int]]:
 def run_op(module, settings: Settings, copy_gbps: float, progress=None) -> tuple[list[dict], dict]:
     """Time every provider of one op over its sweep; ``(rows, op_info)``."""
     providers = [p for p in module.providers(settings) if settings.providers is None or p in settings.providers]
-    configs = module.configs(settings)
+    configs = op_configs(module, settings)
     info = {
         "providers": providers,
         "not_timed": unavailable_backends(module.OP, settings),
@@ -437,6 +448,17 @@ def run_op(module, settings: Settings, copy_gbps: float, progress=None) -> tuple
         "configs": configs,
     }
     rows = []
+    try:
+        _run_configs(module, settings, copy_gbps, providers, configs, rows, progress)
+    except KeyboardInterrupt:  # a time limit (timeout -s INT) or ^C: keep the rows measured so far
+        synchronize_quietly(settings.device)
+        info["interrupted"] = True
+    return rows, info
+
+
+def _run_configs(module, settings: Settings, copy_gbps: float, providers: list[str], configs: list[dict],
+                 rows: list[dict], progress) -> None:
+    """``run_op``'s sweep: appends each config's rows to ``rows`` as it ends."""
     for config in configs:
         try:
             case, first, reference_out, input_sets, min_bytes, details = _prepare(module, config, settings)
@@ -499,7 +521,6 @@ def run_op(module, settings: Settings, copy_gbps: float, progress=None) -> tuple
         del input_sets, first, reference_out  # free the device memory before the next size
         if settings.is_cuda:
             torch.cuda.empty_cache()
-    return rows, info
 
 
 def _prepare(module, config: dict, settings: Settings):
@@ -590,8 +611,9 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_results(results: dict, output_dir: Path, modules: dict) -> list[Path]:
-    """results.json, results.csv, time_vs_batch.png, roofline.png; one line appended to history.jsonl."""
+def write_results(results: dict, output_dir: Path, modules: dict, plots: bool = True) -> list[Path]:
+    """results.json, results.csv, time_vs_batch.png and roofline.png (``plots``); one line appended to
+    history.jsonl."""
     output_dir.mkdir(parents=True, exist_ok=True)
     written = []
     json_path = output_dir / "results.json"
@@ -616,7 +638,8 @@ def write_results(results: dict, output_dir: Path, modules: dict) -> list[Path]:
     with (output_dir / "history.jsonl").open("a") as handle:
         handle.write(json.dumps(results, default=str) + "\n")
     written.append(output_dir / "history.jsonl")
-    written.extend(write_plots(results, output_dir, modules))
+    if plots:
+        written.extend(write_plots(results, output_dir, modules))
     return written
 
 
@@ -714,9 +737,13 @@ def _progress(total: int, description: str):
                 disable=not sys.stderr.isatty())
 
 
-def run(ops=OPS, *, device=None, quick=False, tiny=None, providers=None, output=None, plots=True) -> dict:
-    """Benchmark ``ops``, print the table, write the results; returns the results dict."""
-    settings = make_settings(device, quick, tiny, providers)
+def run(ops=OPS, *, device=None, quick=False, tiny=None, providers=None, output=None, plots=True,
+        targets=False) -> dict:
+    """Benchmark ``ops``, print the table, write the results; returns the results dict.
+
+    Interrupted (SIGINT, e.g. ``timeout -s INT``), it writes the rows measured
+    so far, with ``"interrupted": true``."""
+    settings = make_settings(device, quick, tiny, providers, targets)
     modules = load_modules(ops)
     started = time.perf_counter()
     copy = measure_copy_bandwidth(settings)
@@ -726,7 +753,7 @@ def run(ops=OPS, *, device=None, quick=False, tiny=None, providers=None, output=
         print(note, flush=True)
     all_rows, op_info = [], {}
     for op, module in modules.items():
-        configs = module.configs(settings)
+        configs = op_configs(module, settings)
         providers_here = [p for p in module.providers(settings)
                           if settings.providers is None or p in settings.providers]
         bar = _progress(len(configs) * len(providers_here), op)
@@ -743,19 +770,55 @@ def run(ops=OPS, *, device=None, quick=False, tiny=None, providers=None, output=
             print(f"[{op}] no rows for {provider}: {reason}", flush=True)
         all_rows.extend(rows)
         op_info[op] = info
+        if info.get("interrupted"):
+            print(f"[{op}] interrupted: the rows measured so far are written, the ops after it are not run",
+                  flush=True)
+            break
     results = {
         "environment": environment(settings, copy),
         "notes": settings.notes,
         "ops": op_info,
         "rows": all_rows,
         "elapsed_s": time.perf_counter() - started,
+        "interrupted": any(info.get("interrupted") for info in op_info.values()),
     }
     print(format_table(all_rows), flush=True)
     output_dir = Path(output) if output is not None else default_output_dir()
-    written = write_results(results, output_dir, modules) if plots else []
+    written = write_results(results, output_dir, modules, plots)
     print(f"{len(all_rows)} rows in {results['elapsed_s']:.1f} s; wrote "
           + ", ".join(str(path) for path in written), flush=True)
     return results
+
+
+def compile_only(ops=OPS, *, device=None, tiny=None, providers=None, targets=False) -> int:
+    """Call each provider once per size on one input set, untimed, writing nothing: what a provider compiles
+    on first use (Triton's JIT, into its on-disk cache) is then compiled for a later run. Returns the number of
+    calls that failed (they are printed and skipped)."""
+    settings = make_settings(device, True, tiny, providers, targets)
+    failures = 0
+    for op, module in load_modules(ops).items():
+        names = [p for p in module.providers(settings) if settings.providers is None or p in settings.providers]
+        for config in op_configs(module, settings):
+            case = module.Case(config, settings)
+            inputs = case.make_inputs(0)
+            for provider in names:
+                if hasattr(case, "supports") and not case.supports(provider):
+                    continue
+                started = time.perf_counter()
+                try:
+                    case.call(provider, inputs)
+                    synchronize(settings.device)
+                    outcome = "ok"
+                except Exception as error:  # the timed run reports it again
+                    synchronize_quietly(settings.device)
+                    failures += 1
+                    outcome = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+                print(f"[{op}] {config_label(config)} {provider}: {time.perf_counter() - started:.1f} s, {outcome}",
+                      flush=True)
+            del inputs
+            if settings.is_cuda:
+                torch.cuda.empty_cache()
+    return failures
 
 
 def default_output_dir() -> Path:
@@ -775,6 +838,12 @@ def add_arguments(parser: argparse.ArgumentParser, with_op: bool = True) -> None
                         help="comma-separated subset of reference,triton,cuda,flashinfer")
     parser.add_argument("--tiny", action="store_true", default=None,
                         help=f"smallest sizes and fewest repetitions, for tests (also {TINY_ENV}=1)")
+    parser.add_argument("--targets", action="store_true",
+                        help="each op's target shapes (TARGETS in bench_<op>.py) instead of its sweep")
+    parser.add_argument("--no-plots", action="store_true", help="write no PNG plots (JSON, CSV and history only)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="call each provider once per size, untimed, writing nothing: fills the compile caches "
+                             "(Triton's) for a later run")
 
 
 def main(argv=None, ops=None, prog=None) -> int:
@@ -784,5 +853,9 @@ def main(argv=None, ops=None, prog=None) -> int:
     args = parser.parse_args(argv)
     selected = ops or args.op or OPS
     providers = args.providers.split(",") if args.providers else None
-    run(selected, device=args.device, quick=args.quick, tiny=args.tiny, providers=providers, output=args.output)
+    if args.compile_only:
+        return 1 if compile_only(selected, device=args.device, tiny=args.tiny, providers=providers,
+                                 targets=args.targets) else 0
+    run(selected, device=args.device, quick=args.quick, tiny=args.tiny, providers=providers, output=args.output,
+        plots=not args.no_plots, targets=args.targets)
     return 0

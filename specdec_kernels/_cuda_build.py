@@ -144,6 +144,20 @@ def nvcc_flags(csrc: Path, arch_list: str) -> list[str]:
     return flags
 
 
+def ptxas_split_flags(cuda_home: Path) -> list[str]:
+    """``-Xptxas --split-compile=0`` where this toolkit's ptxas has the option: it assembles a file's kernels on
+    all cores instead of one after another. chain_verify.cu's 12 kernels were about 35 of its 65 s on one core
+    (sm_90a), the longest file of the build; the machine code is the same (SASS of every csrc/*.cu compared at
+    sm_90a, CUDA 13.0). Not nvcc's own ``-split-compile``: that also splits cicc's optimisation, and it changed
+    the SASS."""
+    try:
+        usage = subprocess.run([str(cuda_home / "bin" / "ptxas"), "--help"], capture_output=True, text=True,
+                               timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return ["-Xptxas", "--split-compile=0"] if "--split-compile" in usage else []
+
+
 def compile_cuda(csrc: Path, build_dir: Path, cuda_home: Path, arch_list: str, ninja: list[str],
                  log=None) -> list[str]:
     """Compile ``csrc/*.cu`` with nvcc via ninja into ``build_dir``; returns the object paths.
@@ -154,10 +168,11 @@ def compile_cuda(csrc: Path, build_dir: Path, cuda_home: Path, arch_list: str, n
     build_dir.mkdir(parents=True, exist_ok=True)
     sources = cuda_sources(csrc)
     objects = [build_dir / (source.stem + ".o") for source in sources]
+    flags = [*nvcc_flags(csrc, arch_list), *ptxas_split_flags(cuda_home)]
     lines = [
         "ninja_required_version = 1.3",
         f"nvcc = {shlex.quote(str(cuda_home / 'bin' / 'nvcc'))}",
-        f"flags = {' '.join(shlex.quote(flag) for flag in nvcc_flags(csrc, arch_list))}",
+        f"flags = {' '.join(shlex.quote(flag) for flag in flags)}",
         "rule nvcc",
         "  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d $flags -c $in -o $out",
         "  depfile = $out.d",
