@@ -416,7 +416,7 @@ def _producer_latency(instruction: Instruction, latency: dict) -> float:
 
 
 def iteration_latency(path: list[Instruction], latency: dict) -> tuple[float, bool]:
-    """``(cycles, waits on its own loads)`` of one iteration for a lone warp, in steady state.
+    """``(cycles, stalls on its own loads)`` of one iteration for a lone warp, in steady state.
 
     ``latency`` (cycles): ``stream`` for the plain global loads (the rows streamed), ``l2`` for the other global
     accesses, ``shared`` for shared memory and shuffles, ``other`` for any other scoreboard, ``barrier`` per

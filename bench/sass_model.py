@@ -56,8 +56,8 @@ SM (``m = ceil(programs / 132)`` programs of the grid):
   simulation of the path over two iterations: the compiler's stall counts plus,
   where an instruction waits on a scoreboard, the latency of what set it
   (``LATENCY_CYCLES``; a load of the streamed rows costs DRAM latency unless
-  it was issued an iteration ahead). A loop that prefetches pays one DRAM
-  latency for its first load.
+  it was issued early enough). A loop that never stalls on its own loads
+  pays one DRAM latency for its first load, issued before the loop.
 
 Code outside the hot loop is counted only through its round trips (the
 Philox calls, the finishing program's scans are not), issue and memory are
@@ -284,7 +284,7 @@ def predict(case: Case, stats: sass.LoopStats) -> dict:
         "floor_loop_us": serial_cycles / CLOCK_HZ * 1e6,
         "predicted_us": predicted * 1e6, "bound": limit, "programs": case.programs, "programs_per_sm": per_sm,
         "resident_ctas_per_sm": resident, "iterations_per_program": case.iterations,
-        "iteration_latency_cycles": loop_cycles, "prefetched": not waits_on_own_loads,
+        "iteration_latency_cycles": loop_cycles, "loads_hidden": not waits_on_own_loads,
         "round_trips": trips,
         "bandwidth_share": case.required_bytes / predicted / COPY_BYTES_PER_S,
         "tensor_share": case.flops / predicted / TENSOR_FLOPS["HGMMA"] if case.flops else None,
@@ -546,7 +546,8 @@ def markdown(rows: list[dict], source: str) -> str:
               "step of the program's nodes for build_tree). A predicated-off load still counts.",
               "- Latency floor = launches x launch + round trips x L2 + ceil(CTAs per SM / resident) x iterations x "
               "one iteration of a lone warp (simulated from the SASS stall counts and scoreboard waits), plus one "
-              "DRAM latency when the loop's loads are issued an iteration ahead.",
+              "DRAM latency for the first load when the loop never stalls on its own loads (they were issued a "
+              "chunk ahead).",
               "- Not counted: code outside the hot loop except its round trips, L2 hits of the streamed rows, "
               "imbalance between programs, contention between resident CTAs beyond the issue term.", ""]
     for target, scenario in scenarios:
@@ -574,7 +575,7 @@ def markdown(rows: list[dict], source: str) -> str:
                                f"resident), {r['iterations_per_program']} hot-loop iteration(s) each"),
             ("one iteration, lone warp",
              lambda r: f"{r['iteration_latency_cycles']:.0f} cycles"
-                       + (" (loads issued an iteration ahead)" if r["prefetched"] else " (waits for its own loads)")),
+                       + (" (its loads arrive before use)" if r["loads_hidden"] else " (stalls on its own loads)")),
             ("predicted issue time", lambda r: f"{_us(r['issue_us'])} us"),
             ("predicted memory time", lambda r: f"{_us(r['memory_us'])} us ({r['required_bytes'] / 1e6:.3g} MB)"),
             ("latency floor", lambda r: f"{_us(r['latency_floor_us'])} us = {_us(r['floor_launch_us'])} launch + "
