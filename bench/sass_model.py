@@ -486,18 +486,22 @@ def _us(value: float) -> str:
 
 
 def provenance() -> str:
-    """The commit and Triton version the SASS came from."""
-    try:
-        commit = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"], text=True,
-                                capture_output=True).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
+    """The last commit of the kernel sources (``kernels/``, ``csrc/``) and the Triton version the SASS came from."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(REPO_ROOT), *args], text=True, capture_output=True).stdout.strip()
+        except OSError:
+            return ""
+
+    commit = git("log", "-1", "--format=%h", "--", "kernels", "csrc") or "unknown"
+    if git("status", "--porcelain", "--", "kernels", "csrc"):
+        commit += " with uncommitted changes"
     try:
         import triton
         version = triton.__version__
     except ImportError:
         version = "none"
-    return f"commit {commit}, Triton {version}"
+    return f"kernels/ and csrc/ at commit {commit}, Triton {version}"
 
 
 def markdown(rows: list[dict], source: str) -> str:
