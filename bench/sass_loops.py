@@ -404,9 +404,9 @@ def mma_flops(instruction: Instruction) -> tuple[str, int]:
     return "", 0
 
 
-def _producer_latency(instruction: Instruction, latency: dict) -> float:
+def _producer_latency(instruction: Instruction, latency: dict, stream_bases: tuple) -> float:
     """Cycles until the result an instruction's write scoreboard guards is ready."""
-    if plain_load(instruction):
+    if plain_load(instruction) and instruction.base in stream_bases:
         return latency["stream"]
     if instruction.base in ("LDG", "LD", "ATOMG", "ATOM", "RED", "REDG", "LDGSTS"):
         return latency["l2"]  # workspace reads (.STRONG) and atomics are L2 round trips
@@ -415,14 +415,17 @@ def _producer_latency(instruction: Instruction, latency: dict) -> float:
     return latency["other"]
 
 
-def iteration_latency(path: list[Instruction], latency: dict) -> tuple[float, bool]:
+def iteration_latency(path: list[Instruction], latency: dict, stream_bases: tuple = ("LDG", "LD", "LDGSTS")
+                      ) -> tuple[float, bool]:
     """``(cycles, stalls on its own loads)`` of one iteration for a lone warp, in steady state.
 
-    ``latency`` (cycles): ``stream`` for the plain global loads (the rows streamed), ``l2`` for the other global
-    accesses, ``shared`` for shared memory and shuffles, ``other`` for any other scoreboard, ``barrier`` per
-    ``BAR``. The path is issued twice and the second pass timed, so loads issued an iteration ahead (prefetch)
-    cost nothing; stall counts are the compiler's fixed latencies, and a scoreboard wait costs what is left of
-    its producer's latency. ``DEPBAR`` (cp.async groups) is not waited on: pipelined copies are assumed in time.
+    ``latency`` (cycles): ``stream`` for the plain global loads of ``stream_bases`` (the rows or tiles
+    streamed), ``l2`` for the other global accesses, ``shared`` for shared memory and shuffles, ``other`` for
+    any other scoreboard, ``barrier`` per ``BAR``. The path is issued twice and the second pass timed, so loads
+    issued an iteration ahead (prefetch) cost nothing; "stalls on its own loads" means that the second pass
+    waited for a streamed load it issued itself. Stall counts are the compiler's fixed latencies, and a
+    scoreboard wait costs what is left of its producer's latency. ``DEPBAR`` (cp.async groups) is not waited
+    on: pipelined copies are assumed to arrive in time.
     """
     now, ready, producer = 0.0, [0.0] * 6, [None] * 6
     waits_on_own_loads, second_start = False, 0.0
@@ -434,13 +437,14 @@ def iteration_latency(path: list[Instruction], latency: dict) -> tuple[float, bo
             for board in waited:
                 if ready[board] > now and producer[board] is not None:
                     kind, issued_round = producer[board]
-                    waits_on_own_loads |= round_ == 1 and issued_round == 1 and kind == "load"
+                    waits_on_own_loads |= round_ == 1 and issued_round == 1 and kind == "stream"
                 now = max(now, ready[board])
             if ins.base == "BAR":
                 now += latency["barrier"]
             if ins.write_scoreboard < 6:
-                ready[ins.write_scoreboard] = now + _producer_latency(ins, latency)
-                producer[ins.write_scoreboard] = ("load" if global_load_bytes(ins) else "other", round_)
+                ready[ins.write_scoreboard] = now + _producer_latency(ins, latency, stream_bases)
+                streamed = plain_load(ins) and ins.base in stream_bases
+                producer[ins.write_scoreboard] = ("stream" if streamed else "other", round_)
             if ins.read_scoreboard < 6:
                 ready[ins.read_scoreboard] = now + latency["other"]
                 producer[ins.read_scoreboard] = ("read", round_)
