@@ -37,7 +37,8 @@ from specdec_kernels import _backend, _extension, _workspace
 from specdec_kernels.launchers import chain_verify as chain_launchers
 
 CHECKS = {}
-COUNTER_NAME = re.compile(r"arrival|ticket|counter")
+# Buffers every call leaves at zero: counters, failure flags, stage records.
+COUNTER_NAME = re.compile(r"arrival|ticket|counter|failed|stages")
 DEVICE = "cuda"  # "cpu" under --dry-run
 FUZZ_SECONDS = None  # --fuzz-seconds: the fuzz stops starting cases after this long (per backend)
 
@@ -139,10 +140,12 @@ def problem(batch_size, max_drafts, vocab_size, *, logits=False, dtype=torch.flo
 
 
 def counters_at_zero() -> bool:
-    """Every arrival counter of every workspace is back at zero (the next call relies on it)."""
+    """Every counter and record of every workspace is back at zero (the next call relies on it), and no kernel
+    counted a fault (a wait that gave up: ``sk.kernel_errors``)."""
     synchronize()
-    return all(int(buffer.count_nonzero()) == 0 for key, buffer in _workspace._buffers.items()
-               if COUNTER_NAME.search(key[0]))
+    clean = all(int(buffer.count_nonzero()) == 0 for key, buffer in _workspace._buffers.items()
+                if COUNTER_NAME.search(key[0]))
+    return clean and not any(sk.kernel_errors(DEVICE).values())
 
 
 def same(expected, actual, logits=False) -> bool:

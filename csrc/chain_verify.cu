@@ -84,8 +84,8 @@ void chain_verify_host(const ChainVerifyArgs& args) {
   params.plan = plan_chain_verify(args, kHostTargetBlocks);
   const int64_t blocks = chain_verify_num_blocks(args, params.plan);
   dispatch_instantiation(args, params.plan, [&](auto prob, auto token, auto staged) {
-    // Blocks one after another: with tickets, in ticket order. The emulated
-    // block's shared memory is reused by each.
+    // Blocks one after another, in id order. The emulated block's shared
+    // memory is reused by each.
     TruncationHistogram histogram;
     run_host_blocks(blocks, [&params, &histogram](const SimtHostBlock& block, int64_t index) {
       chain_verify_detail::chain_verify_block<SimtHostBlock, decltype(prob), decltype(token), decltype(staged)::value>(

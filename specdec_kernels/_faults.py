@@ -2,13 +2,14 @@
 
 The programs of one request in the split, staged and two-wave plans meet
 through counters in the workspace, and a program waits (bounded) only for
-work that running programs took. A wait that reaches its bound anyway
-(a broken invariant, or counters damaged from outside) *gives up*: it counts
-the fault here, marks its request failed, and the request gets the defined
-failure outcome (tokens ``-1``, ``num_accepted`` 0, ``accepted_nodes``
-``[0, -1, ...]``); every workspace record the call touched is still put back
-at zero, so the next call is unaffected. Once a request is marked failed,
-its other programs stop waiting for it (their outcome is decided).
+work that running programs took. A wait that reaches its bound anyway (a
+broken invariant, or counters damaged from outside) *gives up*: it raises
+its request's failure flag, and the request's last program counts the fault
+here and writes the defined failure outcome (tokens ``-1``, ``num_accepted``
+0, ``accepted_nodes`` ``[0, -1, ...]``); every workspace record the call
+touched is still put back at zero, so the next call is unaffected. Once a
+request is marked failed, its other programs stop waiting for it (their
+outcome is decided).
 
 One ``int32 [len(KINDS)]`` buffer per device, shared by every stream and
 every captured graph (faults are rare; atomics from any stream may add to
@@ -16,10 +17,11 @@ it), read by :func:`kernel_errors` with one synchronisation. The CUDA kernels
 use the same word indices (``csrc/include/specdec/faults.cuh``).
 
 Tests force a give-up with :func:`forced_give_up`: the program (Triton) or
-block (CUDA) of the given *role* gives up its first wait at once. A role is
-the program's place in the launch: ``request * splits + slice`` in the
-split and staged plans, ``wave * B * splits + request * splits + slice``
-in the two-wave plan (``launchers/`` say which plan a call takes).
+block (the CUDA extension's host path; a GPU launch refuses it) of the given
+*role* gives up its first wait at once. A role is the program's place in
+the launch: ``request * splits + slice`` in the split and staged plans,
+``wave * row_blocks * splits + row_block * splits + slice`` in the Triton
+kernel's two-wave plan (``launchers/`` say which plan a call takes).
 """
 
 from __future__ import annotations
@@ -35,9 +37,8 @@ from . import _workspace
 KINDS = (
     "chain_verify.wait_gave_up",  # a program's bounded wait on the request's other programs gave up
     "tree_verify.wait_gave_up",
-    "chain_verify.bad_ticket",  # CUDA: a launch-order ticket outside the grid (counters damaged from outside)
 )
-CHAIN_WAIT_GAVE_UP, TREE_WAIT_GAVE_UP, CHAIN_BAD_TICKET = range(len(KINDS))
+CHAIN_WAIT_GAVE_UP, TREE_WAIT_GAVE_UP = range(len(KINDS))
 NO_FAULT = -1  # the role passed to the kernels when no give-up is forced
 
 _BUFFER_NAME = "kernel_errors"
@@ -75,7 +76,7 @@ def kernel_errors(device=None, reset: bool = True) -> dict[str, int]:
     Examples
     --------
     >>> sk.kernel_errors("cpu")
-    {'chain_verify.wait_gave_up': 0, 'tree_verify.wait_gave_up': 0, 'chain_verify.bad_ticket': 0}
+    {'chain_verify.wait_gave_up': 0, 'tree_verify.wait_gave_up': 0}
     """
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"

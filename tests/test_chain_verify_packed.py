@@ -368,7 +368,7 @@ def test_validate_accepts_well_formed_inputs():
 
 def test_triton_reads_no_tensor_value_on_the_host(device, monkeypatch):
     """``cu_num_draft_tokens`` is read by the kernel only: with every way of reading a tensor's value on the host
-    disabled, the public call still runs (logits with vocabulary slices: the two-wave path)."""
+    disabled, the public call still runs (logits with vocabulary slices: the two-wave plan)."""
     backend_or_skip("chain_verify_packed", "triton")
     case = packed_case([2, 0, 3], 3, 2100, seed=9, device=device, logits=True, greedy=[2])
     offset = torch.tensor(4, device=device)

@@ -38,7 +38,7 @@ CLEAN_BUFFERS = ("chain_verify.tickets", "chain_verify.wave1_arrivals", "chain_v
                  "chain_verify_cuda.arrivals", "chain_verify_cuda.stages", "tree_verify_cuda.stages")
 
 # The chain plans whose programs wait, on a batch whose rows split three ways (V = 3000, three chunks):
-# (logits, top_k, top_p) -> the plan the launchers pick for them.
+# (logits, top_k, top_p) -> the plan the launchers pick for them (the CUDA kernel stages logits too).
 CHAIN_PLANS = {
     "staged": (False, [40, 9, 7], None),
     "staged-logits": (True, None, [0.9, 0.8, 0.95]),
@@ -76,8 +76,8 @@ def run_chain(backend, plan):
 def chain_roles(backend, plan, which):
     """The role of request 1's first or last program in the plan, and the requests it fails."""
     logits, top_k, top_p = CHAIN_PLANS[plan]
-    if backend == "cuda-host":  # csrc/chain_verify.cu: up to 8 blocks per batch, one request per block
-        splits, rows = 3, 1
+    if backend == "cuda-host":  # csrc/chain_verify.cu: up to 8 blocks per batch, one request per block, staged
+        splits, rows, waves = 3, 1, 1
     else:
         limits = chain_launcher.INTERPRETER_LIMITS
         if top_k is None and top_p is None:
@@ -85,10 +85,10 @@ def chain_roles(backend, plan, which):
         else:
             config, staged = chain_launcher.truncation_config(BATCH, DRAFTS + 1, VOCAB, None, limits)
             assert staged
-        splits, rows = config.num_splits, config.rows
+        splits, rows, waves = config.num_splits, config.rows, 2 if plan == "two-waves" else 1
     assert splits == 3
-    # Two waves: wave 1 (the first row blocks * splits roles) never waits; fail a wave 2 program.
-    wave = -(-BATCH // rows) * splits if plan == "two-waves" else 0
+    # Two waves (Triton): wave 1 (the first row blocks * splits roles) never waits; fail a wave 2 program.
+    wave = -(-BATCH // rows) * splits if waves == 2 else 0
     block = 1 if rows == 1 else 0  # the row block holding request 1
     first = wave + block * splits
     return first + (0 if which == "first" else splits - 1), range(block * rows, min(BATCH, (block + 1) * rows))
@@ -190,4 +190,4 @@ def test_the_kernels_count_into_the_words_of_the_kinds():
     header = (Path(__file__).parents[1] / "csrc/include/specdec/faults.cuh").read_text()
     words = {name: int(value) for name, value in re.findall(r"constexpr int (k\w+) = (\d+);", header)}
     assert words == {"kChainWaitGaveUp": _faults.CHAIN_WAIT_GAVE_UP, "kTreeWaitGaveUp": _faults.TREE_WAIT_GAVE_UP,
-                     "kChainBadTicket": _faults.CHAIN_BAD_TICKET, "kFaultKinds": len(_faults.KINDS)}
+                     "kFaultKinds": len(_faults.KINDS)}

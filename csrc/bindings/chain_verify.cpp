@@ -127,7 +127,7 @@ ChainShapes check_chain_verify_args(const ChainVerifyTensors& t, const char* op)
   check_dtype(t.arrivals, op, "arrivals", at::kInt);
   TORCH_CHECK_VALUE(t.arrivals.dim() == 1 && t.arrivals.is_contiguous() &&
                         t.arrivals.numel() >= chain_counter_words(batch_size),
-                    "specdec_C::", op, ": `arrivals` must be a contiguous [N] tensor with N >= 1 + 2 * B = ",
+                    "specdec_C::", op, ": `arrivals` must be a contiguous [N] tensor with N >= 2 * B = ",
                     chain_counter_words(batch_size), ", got ", t.arrivals.sizes());
   check_fault_counters(t.errors, op, t.target);
   check_same_device(t.arrivals, op, "arrivals", t.target, "target");
@@ -238,6 +238,7 @@ void verify_chain(const ChainVerifyTensors& t, const char* op, bool logits, int6
     check_chain_verify_meta(t, op);
   } else {
     const ChainShapes shapes = check_chain_verify_args(t, op);
+    check_fault_role(backend, t.fault_role, op);
     const c10::OptionalDeviceGuard device_guard(guarded_device(backend, t.target.device()));
     const ChainVerifyInputs inputs = prepare_chain_verify(t, shapes, logits, seed_value, offset_value);
     if constexpr (backend == Backend::kHost) {
@@ -291,14 +292,15 @@ TORCH_LIBRARY_FRAGMENT(specdec_C, m) {
   // specdec::chain_verify, with seed/offset as in rng_fill; `workspace`
   // int64 [N], N >= 3 * B * ceil(V / 1024), contents need not be
   // initialised (2 * B * (K + 1) more words per extra split let the
-  // vocabulary split over more blocks); `arrivals` int32 [>= 1 + 2 * B], the
-  // counters (a ticket, then per request its arrivals and failure flag):
-  // zero before the call and left zero after it. `num_splits`: blocks per
+  // vocabulary split over more blocks); `arrivals` int32 [>= 2 * B], the
+  // counters (per request its arrivals and failure flag): zero before the
+  // call and left zero after it. `num_splits`: blocks per
   // request, 0 for the launcher's choice (tests force other counts).
   // `stages` int64 [>= B * chain_stage_request_words(K + 1)] or None: the
-  // staged plan's records with top_k/top_p/min_p (chain_verify_stages.cuh),
-  // zero before the call and left zero; without it (or too small) a
-  // truncating call has one block per request. `errors` int32 [>= 3] or
+  // staged plan's records with logits or top_k/top_p/min_p
+  // (chain_verify_stages.cuh; with logits only, 16 words a request), zero
+  // before the call and left zero; without it (or too small) such a call has
+  // one block per request. `errors` int32 [>= 2] or
   // None: the device's fault counters (faults.cuh) a wait that gives up
   // counts into; the request then gets tokens -1 and num_accepted 0.
   // `fault_role` (tests): the block of that role gives up its waits at once.

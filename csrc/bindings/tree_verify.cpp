@@ -185,6 +185,7 @@ void tree_verify(const at::Tensor& tree_token_ids, const at::Tensor& parents, co
     check_tree_verify_meta(tensors);
   } else {
     check_tree_verify_args(tensors);
+    check_fault_role(backend, fault_role, "tree_verify");
     const c10::OptionalDeviceGuard device_guard(guarded_device(backend, target.device()));
     const TreeVerifyInputs inputs = prepare_tree_verify(tensors, logits, seed_value, offset_value);
     if constexpr (backend == Backend::kHost) {
@@ -207,7 +208,7 @@ TORCH_LIBRARY_FRAGMENT(specdec_C, m) {
   // parameters, each [B] or None: top_k and bonus_token_ids int32/int64,
   // top_p and min_p float32. `num_splits` > 1: that many blocks share each
   // request's vocabulary passes through `stages`, int64 [>= 16 * B * (N + 1)]:
-  // zero before the call and left zero after it. `errors` int32 [>= 3] or
+  // zero before the call and left zero after it. `errors` int32 [>= 2] or
   // None: the device's fault counters (faults.cuh) a wait that gives up
   // counts into; the request then gets tokens -1, accepted_nodes [0, -1, ...]
   // and num_accepted 0. `fault_role` (tests): the block of that role

@@ -304,13 +304,17 @@ CUDA_BLOCKS_PER_MULTIPROCESSOR = 2  # csrc/chain_verify.cu aims at two blocks pe
 # The staged plan's records per request (csrc/include/specdec/chain_verify_stages.cuh,
 # chain_stage_request_words): 12 headers of 16 words, then per row (K + 1 rows) the
 # largest key (1 word), eight radix passes of 256 (high31, low31) bins and the
-# search state (3 words), and two split masses (2 words each).
+# search state (3 words), and two split masses (2 words each). A call that does
+# not truncate (logits only) uses the first header alone (chain_stage_stride).
 CUDA_STAGE_HEADER_WORDS = 12 * 16
 CUDA_STAGE_ROW_WORDS = 1 + 8 * (2 * 256 + 3) + 2 * 2
+CUDA_STAGE_WORDS = 16
 
 
-def cuda_stage_words(batch_size, rows_per_request):
+def cuda_stage_words(batch_size, rows_per_request, truncate=True):
     """int64 words of the staged plan's records for ``batch_size`` requests of ``rows_per_request`` rows."""
+    if not truncate:
+        return batch_size * CUDA_STAGE_WORDS
     return batch_size * (CUDA_STAGE_HEADER_WORDS + rows_per_request * CUDA_STAGE_ROW_WORDS)
 
 
@@ -323,19 +327,18 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     two blocks per SM on a GPU, up to 8 per batch on the host, so at most
     ``B + target`` slices in all; a smaller workspace only means fewer,
     longer slices); contents need not be initialised. ``arrivals`` (int32
-    ``[1 + 2 B]``): the ticket counter, then per request its arrival
-    counter and failure flag (raised by a wait that gave up,
-    ``specdec_kernels/_faults.py``). ``stages`` (int64): the staged truncation plan's
-    records (:func:`cuda_stage_words`) for the requests of a batch that
-    splits (fewer than ``target`` of them; larger batches have one block per
-    request), one word unless ``truncate`` (only calls with ``top_k``/``top_p``/
-    ``min_p`` use them). ``arrivals`` and ``stages`` are zero-initialised once and
-    left at zero by every call, give-ups included. Every size is non-decreasing in ``B``, ``K + 1``
-    and ``V``, so a reservation for the largest sizes covers every smaller
-    call. ``logits`` does not change the sizes; it is part of the signature
-    so callers can reserve for exactly the call they will make.
+    ``[2 B]``): per request its arrival counter and failure flag (raised by
+    a wait that gave up, ``specdec_kernels/_faults.py``). ``stages``
+    (int64): the staged plan's records (:func:`cuda_stage_words`) for the
+    requests of a batch that splits (fewer than ``target`` of them; larger
+    batches have one block per request), one word unless ``logits`` or
+    ``truncate`` (only calls with logits or ``top_k``/``top_p``/``min_p``
+    split their rows through them; logits alone need 16 words a request).
+    ``arrivals`` and ``stages`` are zero-initialised once and left at zero by
+    every call, give-ups included. Every size is non-decreasing in ``B``,
+    ``K + 1`` and ``V``, so a reservation for the largest sizes covers every
+    smaller call.
     """
-    del logits
     num_chunks = max(1, cdiv(vocab_size, CUDA_CHUNK_SIZE))
     if torch.device(device).type == "cuda":
         target_blocks = CUDA_BLOCKS_PER_MULTIPROCESSOR * _multiprocessor_count(torch.device(device))
@@ -344,11 +347,12 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     # cdiv(target, B) slices per request: B * cdiv(target, B) < B + target.
     slices = min(batch_size * num_chunks, batch_size + target_blocks) if num_chunks > 1 else 0
     stats_words = cdiv(slices * 4 * rows_per_request, 2)
-    split_requests = min(batch_size, target_blocks) if num_chunks > 1 and truncate else 0
+    split_requests = min(batch_size, target_blocks) if num_chunks > 1 and (logits or truncate) else 0
     return {
         "chain_verify_cuda.workspace": (3 * batch_size * num_chunks + stats_words, torch.int64),
-        "chain_verify_cuda.arrivals": (1 + 2 * batch_size, torch.int32),
-        "chain_verify_cuda.stages": (max(1, cuda_stage_words(split_requests, rows_per_request)), torch.int64),
+        "chain_verify_cuda.arrivals": (2 * batch_size, torch.int32),
+        "chain_verify_cuda.stages": (max(1, cuda_stage_words(split_requests, rows_per_request, truncate)),
+                                     torch.int64),
     }
 
 

@@ -40,8 +40,9 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
         most twice as many requests as the GPU has SMs, Triton's
         ``20 * (16 + 32 * next_pow2(K + 1))`` int64 and the CUDA kernel's
         ``192 + 4125 * (K + 1)`` int64 (about 165 KB at ``K = 4``, so about
-        43 MB on a 132-SM GPU). ``False`` reserves none; a truncating call
-        captured afterwards then raises for want of them.
+        43 MB on a 132-SM GPU). ``False`` reserves none (the CUDA kernel's
+        logits calls still get 16 words a request, their normalisers' stage);
+        a truncating call captured afterwards then raises for want of them.
     trees : bool
         Also reserve for ``tree_verify`` calls of up to ``batch_size``
         requests over ``vocab_size`` tokens: its scratch rows are

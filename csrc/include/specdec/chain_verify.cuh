@@ -6,13 +6,13 @@
 //
 // Design
 // ------
-// Grid: 1-D, `waves x B x num_splits` blocks of 256 threads. Block
-// (wave, b, split) owns request b and a slice of whole 1024-token chunks of
+// Grid: 1-D, `B x num_splits` blocks of 256 threads. Block (b, split) owns
+// request b and a slice of whole 1024-token chunks of
 // the vocabulary, so B = 1 still spreads a 128k vocabulary over the GPU
 // (launcher: about two blocks per SM) and the chunks, fixed by the package,
 // never depend on the grid.
 //
-// Probabilities (one wave). Every block of a sampled request recomputes the
+// Probabilities. Every block of a sampled request recomputes the
 // acceptance tests from gathers, so it knows the stop position j without
 // talking to the other blocks; it then samples each of its chunks of row j
 // (chain_verify_pass.cuh): per element a load, a subtract (residual
@@ -30,21 +30,22 @@
 //
 // Logits. The acceptance tests need the softmax denominator of every row up
 // to the first rejection. With one split (the launcher's choice once the
-// batch fills the GPU) the block walks the rows: statistics of row i, test
-// i, stop at the first rejection, so only rows 0..j of target and draft are
-// read, then the sample pass over row j. With several splits there are two
-// waves: wave-1 blocks record their slice's (max, sum) of target rows 0..n
-// and draft rows 0..n-1 and arrive; wave-2 blocks wait for the request's
-// wave-1 arrivals, decide j from the merged statistics, and sample their
-// chunks of row j.
+// batch fills the GPU, or without stage records) the block walks the rows:
+// statistics of row i, test i, stop at the first rejection, so only rows
+// 0..j of target and draft are read, then the sample pass over row j. With
+// several splits, the staged plan's stage 0 (below): the blocks of the
+// request share the per-slice (max, sum) of target rows 0..n and draft rows
+// 0..n-1 through its stage record, then each decides j from the merged
+// statistics and samples its chunks of row j. (A two-wave plan, wave 2
+// waiting on wave 1's blocks, did the same with twice the blocks and a
+// launch-order ticket; its wait, inlined into the kernel that also walks,
+// spilled it at the 128-register cap.)
 //
-// Waiting. A block's role (wave, request, split) comes from an atomic ticket
-// taken when it starts, not from blockIdx: wave-2 roles hold higher tickets
-// than every wave-1 role, so a waiting block only waits on blocks that have
-// started (are resident or done), whatever order the hardware dispatches
-// blocks in and however many fit on the GPU. The wait is bounded: one that
-// gives up fails its request (faults.cuh), whose last block then counts the
-// fault and writes the failure outcome (tokens -1, num_accepted 0).
+// Waiting. Only the staged plan waits, and only for slices that running
+// blocks took (stage_records.cuh), so never on a block that may not have
+// started. The wait is bounded: one that gives up fails its request
+// (faults.cuh), whose last block then counts the fault and writes the
+// failure outcome (tokens -1, num_accepted 0).
 //
 // Workspace (int64 words, contents need not be initialised):
 //   [B, num_chunks, 3]  per chunk: total of way 0 (residual, or p), total of
@@ -52,18 +53,17 @@
 //                       as int32;
 //   then int32 statistics [B, num_splits, K + 1, 4] (greedy: max, argmax;
 //   logits: target max, sum, draft max, sum); their room caps num_splits.
-// Stage records (staged plan), int64 [B, chain_stage_request_words(K + 1)],
-// a separate buffer, zero before a call and left at zero.
-// Counters, int32 [1 + 2 B]: the ticket counter, then per request its
-// arrivals and its failure flag (raised by a wait that gave up). All are
-// zero before a call and zero after it, give-ups included; a request's
-// words sit at the same place whatever the batch size.
+// Stage records (staged plan), int64 [B, chain_stage_stride(args)], a
+// separate buffer, zero before a call and left at zero.
+// Counters, int32 [2 B]: per request its arrivals and its failure flag
+// (raised by a wait that gave up), zero before a call and zero after it,
+// give-ups included.
 //
 // Top-k, top-p and min-p (reference _truncation.py): a threshold needs the
 // whole row. Two plans:
 //
 // Staged (the rows split over several blocks and `stages` holds the
-// records): one wave of B x num_splits blocks, roles from blockIdx. A
+// records): B x num_splits blocks, roles from blockIdx. A
 // sampled request with a parameter on computes the thresholds of all the
 // rows a decision may need at once, rows 0..n-1 and row n unless the engine
 // gives the bonus token (rows past the stop are read speculatively: the
@@ -83,7 +83,7 @@
 // slice of the stop row truncated the same way and arrives; the last
 // arrival chooses the chunk, writes the outputs and puts the request's
 // records back to zero. Non-truncating requests of the launch take the
-// split paths above; with logits they use stage 0 instead of two waves.
+// split paths above; with logits they use stage 0.
 // A truncated row costs one pass for the largest key, four per search and
 // two for masses, each spread over the request's blocks.
 //
@@ -130,10 +130,9 @@
 namespace specdec {
 
 // Word indices in the counters buffer (see "Counters" above).
-constexpr int64_t kChainTicketWord = 0;
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_arrivals_word(int64_t b) { return 1 + 2 * b; }
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_failed_word(int64_t b) { return 2 + 2 * b; }
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_counter_words(int64_t batch_size) { return 1 + 2 * batch_size; }
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_arrivals_word(int64_t b) { return 2 * b; }
+constexpr int64_t kChainFailedAfterArrivals = 1;  // the failure flag: the word after the request's arrivals
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_counter_words(int64_t batch_size) { return 2 * batch_size; }
 
 // Everything a call reads and writes. Tensors are raw pointers; the last dim
 // of target/draft and of the outputs is contiguous. Shapes are those of the
@@ -159,16 +158,16 @@ struct ChainVerifyArgs {
   int32_t* num_accepted = nullptr;  // [B]
   int64_t* workspace = nullptr;     // see above; at least chain_verify_chunk_words(B, V)
   int64_t workspace_words = 0;
-  int32_t* counters = nullptr;  // [1 + 2 B]: ticket, then per request arrivals and failure flag
+  int32_t* counters = nullptr;  // [2 B]: per request its arrivals and failure flag
   int32_t* errors = nullptr;    // the device's fault counters (faults.cuh), or nullptr: not counted
   int64_t fault_role = kNoFault;  // tests: the block of this role gives up its waits at once
   int64_t* stages = nullptr;    // the staged plan's records (chain_verify_stages.cuh), zero before and after a call
-  int64_t stage_words = 0;      // its int64 words; less than chain_verify_stage_words(B, K): no staged plan
+  int64_t stage_words = 0;      // its int64 words; less than chain_verify_stage_words(args): no staged plan
   IndexTensor top_k;             // [B] int32/int64, or data nullptr: off
   const float* top_p = nullptr;  // [B] or nullptr: off
   const float* min_p = nullptr;  // [B] or nullptr: off
   IndexTensor bonus_token_ids;   // [B] int32/int64, or data nullptr: sample the bonus row
-  int64_t requested_splits = 0;  // 0: the launcher's choice; 1 with top_k/top_p/min_p unless staged
+  int64_t requested_splits = 0;  // 0: the launcher's choice; 1 with logits or top_k/top_p/min_p unless staged
   int64_t batch_size = 0;
   int32_t max_drafts = 0;  // K
   int32_t vocab_size = 0;  // 1 <= V <= 2**30
@@ -188,48 +187,58 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_verify_stats_words(int64_t
   return 4 * (max_drafts + 1);
 }
 
-// int64 words of the staged plan's records of a call (chain_verify_stages.cuh).
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_verify_stage_words(int64_t batch_size, int64_t max_drafts) {
-  return batch_size * chain_stage_request_words(max_drafts + 1);
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool chain_verify_truncates(const ChainVerifyArgs& args) {
+  return args.top_k.data != nullptr || args.top_p != nullptr || args.min_p != nullptr;
+}
+
+// int64 words of one request's stage records (chain_verify_stages.cuh):
+// every stage's when the call truncates, else only the header of the
+// statistics stage, all that logits need (192 + 4125 (K + 1) words against 16).
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_stage_stride(const ChainVerifyArgs& args) {
+  return chain_verify_truncates(args) ? chain_stage_request_words(static_cast<int64_t>(args.max_drafts) + 1)
+                                      : kStageWords;
+}
+
+// int64 words of the staged plan's records of a call.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_verify_stage_words(const ChainVerifyArgs& args) {
+  return args.batch_size * chain_stage_stride(args);
 }
 
 struct ChainVerifyPlan {
   int64_t num_chunks = 1;
   int64_t chunks_per_split = 1;
   int64_t num_splits = 1;
-  bool two_waves = false;  // logits with several splits, no truncation
-  bool staged = false;     // top_k/top_p/min_p given with several splits: one wave, stage records
+  bool staged = false;  // logits or top_k/top_p/min_p with several splits: stage records
 };
 
-// About `target_blocks` blocks per wave (or `requested_splits` when > 0),
+// About `target_blocks` blocks (or `requested_splits` per request when > 0),
 // never more splits than chunks nor than the workspace has statistics for.
-// With top_k/top_p/min_p: the staged plan over the same splits when there
-// are several and the stage records fit, else one block per request.
+// With logits or top_k/top_p/min_p: the staged plan over the same splits
+// when there are several and the stage records fit, else one block per
+// request (a softmax normaliser or a threshold needs the whole row).
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE ChainVerifyPlan plan_chain_verify(const ChainVerifyArgs& args,
                                                                           int64_t target_blocks) {
   ChainVerifyPlan plan;
   plan.num_chunks = chain_verify_num_chunks(args.vocab_size);
   const int64_t stats_words = 2 * (args.workspace_words - chain_verify_chunk_words(args.batch_size, args.vocab_size));
   const int64_t capacity = stats_words / (args.batch_size * chain_verify_stats_words(args.max_drafts));
-  const bool truncation_given = args.top_k.data != nullptr || args.top_p != nullptr || args.min_p != nullptr;
+  const bool whole_rows = args.logits || chain_verify_truncates(args);
   int64_t wanted =
       args.requested_splits > 0 ? args.requested_splits : (target_blocks + args.batch_size - 1) / args.batch_size;
   wanted = wanted < plan.num_chunks ? wanted : plan.num_chunks;
   wanted = wanted < capacity ? wanted : capacity;
   wanted = wanted > 1 ? wanted : 1;
-  plan.staged = truncation_given && wanted > 1 && args.stages != nullptr &&
-                args.stage_words >= chain_verify_stage_words(args.batch_size, args.max_drafts);
-  // A threshold needs the whole row: without stage records, one block per request walks it.
-  if (truncation_given && !plan.staged) wanted = 1;
+  plan.staged = whole_rows && wanted > 1 && args.stages != nullptr &&
+                args.stage_words >= chain_verify_stage_words(args);
+  if (whole_rows && !plan.staged) wanted = 1;  // without stage records, one block per request walks the rows
   plan.chunks_per_split = (plan.num_chunks + wanted - 1) / wanted;
   plan.num_splits = (plan.num_chunks + plan.chunks_per_split - 1) / plan.chunks_per_split;
-  plan.two_waves = args.logits && plan.num_splits > 1 && !plan.staged;
   return plan;
 }
 
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_verify_num_blocks(const ChainVerifyArgs& args,
                                                                         const ChainVerifyPlan& plan) {
-  return (plan.two_waves ? 2 : 1) * args.batch_size * plan.num_splits;
+  return args.batch_size * plan.num_splits;
 }
 
 struct ChainVerifyParams {
@@ -254,7 +263,7 @@ namespace chain_verify_detail {
 
 #if defined(__CUDACC__)
 // Two resident blocks per SM, the launcher's target (a 128-register cap).
-// kStaged: the staged truncation plan (plan.staged).
+// kStaged: the staged plan (plan.staged).
 template <class Prob, class Token, bool kStaged>
 __global__ void __launch_bounds__(DeviceBlock::kThreads, 2) chain_verify_kernel(const ChainVerifyParams params) {
   __shared__ DeviceBlock::Shared shared;

@@ -1,5 +1,5 @@
-// chain_verify, the combine: decisions from several slices' results (logits
-// wave 2, greedy), the one-block walks over rows, the last arrival's chunk
+// chain_verify, the combine: decisions from several slices' results (the
+// staged plan, greedy), the one-block walks over rows, the last arrival's chunk
 // choice and outputs, and the block program that ties the roles together.
 // Design and workspace layout: chain_verify.cuh.
 #pragma once
@@ -72,7 +72,7 @@ struct Decision {
   Truncation truncation;  // of target row `stop` when the request truncates
 };
 
-// Several splits, a sampled request (logits wave 2, or the staged plan):
+// Several splits, a sampled request of the staged plan:
 // warp w tests positions w, w + num_warps, ... from the merged statistics
 // (logits) and the rows' truncations, `truncation_of(row)` (all lanes
 // compute the same test); then the stop row's statistics and truncation.
@@ -104,8 +104,7 @@ SPECDEC_HOST_DEVICE Decision decide_from_slots(const Block& block, const Request
 }
 
 // A slice's softmax statistics of target rows 0..num_rows-1 and of the draft
-// rows among them below n, into the slice's slots (logits wave 1 and the
-// staged plan's stage 0).
+// rows among them below n, into the slice's slots (the staged plan's stage 0).
 template <class Block, class Prob, class Token>
 SPECDEC_HOST_DEVICE void record_slice_stats(const Block& block, const Request<Prob, Token>& request,
                                             const StatSlots& slots, int64_t split, int64_t vocab_lo,
@@ -269,18 +268,19 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RequestRows request_rows(const ChainVeri
   return {start, start + b, count < max_drafts ? count : max_drafts};
 }
 
-// Where the waits of a block of request b report giving up (`give_up`: the
-// tests' forced fault, for this block).
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE WaitFault chain_wait_fault(const ChainVerifyArgs& args, int64_t b,
-                                                                   bool give_up) {
-  return {args.counters + chain_failed_word(b), give_up};
+// Where the waits of a block of the request whose arrivals counter is
+// `arrivals` report giving up (`give_up`: the tests' forced fault, for this
+// block). The flag's address is derived from the counter, which stays live
+// anyway: its own address kept live into the waits spilled at the cap.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE WaitFault chain_wait_fault(int32_t* arrivals, bool give_up) {
+  return {arrivals + kChainFailedAfterArrivals, give_up};
 }
 
-// Request b's last block, after every wait of it: whether one gave up (counted in args.errors).
+// The request's last block, after every wait of it: whether one gave up (counted in args.errors).
 template <class Block>
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool chain_request_failed(const Block& block, const ChainVerifyArgs& args,
-                                                                  int64_t b) {
-  return count_give_ups(block, args.counters + chain_failed_word(b),
+                                                                  int32_t* arrivals) {
+  return count_give_ups(block, arrivals + kChainFailedAfterArrivals,
                         args.errors == nullptr ? nullptr : args.errors + kChainWaitGaveUp);
 }
 
@@ -289,36 +289,26 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE StagedRecords staged_records(const Chain
                                                                      const WaitFault& fault) {
   const ChainVerifyArgs& args = params.args;
   const int64_t rows = static_cast<int64_t>(args.max_drafts) + 1;
-  return {args.stages + b * chain_stage_request_words(rows), rows, params.plan.num_splits, params.plan.chunks_per_split,
+  return {args.stages + b * chain_stage_stride(args), rows, params.plan.num_splits, params.plan.chunks_per_split,
           args.vocab_size, fault};
 }
 
-// One block: its role (wave, request, split) from its linear id, or from a
-// ticket when some blocks wait on others (chain_verify.cuh, "Waiting").
-// kStaged: the staged plan's program (plan.staged), a kernel of its own: it
-// has no walk and no second wave, and the two together spilled at the
-// 128-register cap (sm_90a).
+// One block: request b = role / num_splits, slice role % num_splits (the
+// role is the block's linear id). kStaged: the staged plan's program
+// (plan.staged), a kernel of its own: it has no walk, and the two together
+// spilled at the 128-register cap (sm_90a). Only the staged program waits.
 template <class Block, class Prob, class Token, bool kStaged>
-SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerifyParams& params, int64_t block_index,
+SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerifyParams& params, int64_t role,
                                             TruncationHistogram* histogram) {
   const ChainVerifyArgs& args = params.args;
   const ChainVerifyPlan& plan = params.plan;
   const int64_t num_splits = plan.num_splits;
-  const int64_t blocks_per_wave = args.batch_size * num_splits;
   int32_t* counters = args.counters;
-  const int64_t num_blocks = chain_verify_num_blocks(args, plan);
-  const int64_t role =
-      plan.two_waves ? block.take_ticket(counters + kChainTicketWord, static_cast<int32_t>(num_blocks)) : block_index;
-  if (role < 0 || role >= num_blocks) {
-    // Only counters damaged from outside get here: count it and touch
-    // nothing; blocks waiting on this role give up (bounded).
-    if (args.errors != nullptr) block.add_relaxed(args.errors + kChainBadTicket, int32_t{1});
-    return;
-  }
-  const bool give_up = role == args.fault_role;  // the role is not kept live: registers are at their cap
-  const int64_t wave = role / blocks_per_wave;
-  const int64_t b = (role - wave * blocks_per_wave) / num_splits;
-  const int64_t split = role - wave * blocks_per_wave - b * num_splits;
+  const bool give_up = kStaged && role == args.fault_role;  // not the role: registers are at their cap
+  // 32-bit: the grid has fewer than 2**31 blocks (the launcher checks), and a
+  // 64-bit division is a subroutine call whose saved registers spilled.
+  const int64_t b = static_cast<int32_t>(role) / static_cast<int32_t>(num_splits);
+  const int64_t split = role - b * num_splits;
   const int64_t chunk_lo = split * plan.chunks_per_split;
   const int64_t chunk_end = chunk_lo + plan.chunks_per_split;
   const int64_t chunk_hi = chunk_end < plan.num_chunks ? chunk_end : plan.num_chunks;
@@ -357,7 +347,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
           b * num_splits * stats_words,
       stats_words};
   int32_t* arrivals = counters + chain_arrivals_word(b);
-  const int32_t arrivals_per_call = static_cast<int32_t>((plan.two_waves ? 2 : 1) * num_splits);
+  const int32_t arrivals_per_call = static_cast<int32_t>(num_splits);
   int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
 
   if (request.greedy) {
@@ -366,13 +356,11 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
                     args.num_accepted + b);
       return;
     }
-    if (wave == 0) {
-      for (int64_t row = 0; row <= last_recorded_row; ++row) {
-        const ArgBest best = slice_argmax(block, request.target_row(row), vocab_lo, vocab_hi);
-        if (block.thread() == 0) {
-          *stat_slots.field(split, row, kArgMaxValue) = float_as_word(best.value);
-          *stat_slots.field(split, row, kArgMaxIndex) = best.index;
-        }
+    for (int64_t row = 0; row <= last_recorded_row; ++row) {
+      const ArgBest best = slice_argmax(block, request.target_row(row), vocab_lo, vocab_hi);
+      if (block.thread() == 0) {
+        *stat_slots.field(split, row, kArgMaxValue) = float_as_word(best.value);
+        *stat_slots.field(split, row, kArgMaxIndex) = best.index;
       }
     }
     if (block.arrive(arrivals) != arrivals_per_call - 1) return;
@@ -382,36 +370,20 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     return;
   }
 
-  if (!kStaged && plan.two_waves && wave == 0) {
-    record_slice_stats(block, request, stat_slots, split, vocab_lo, vocab_hi, last_recorded_row + 1);
-    // Never the last: wave 2 arrives after all of wave 1. (Only tickets
-    // damaged from outside break that: a wave-2 block of the request then
-    // gives up its wait, and the outputs and counters of the request are
-    // whatever the blocks left.)
-    block.arrive(arrivals);
-    return;
-  }
-
   const RequestKey key = load_request_key(args.rng, b);
   Decision decision = {num_drafts, {empty_stats(), empty_stats()}, no_truncation()};
   if constexpr (kStaged) {
     if (args.logits || request.truncating) {
       decision = staged_decision(block, request, key, args.logits, stat_slots,
-                                 staged_records(params, b, chain_wait_fault(args, b, give_up)), histogram,
+                                 staged_records(params, b, chain_wait_fault(arrivals, give_up)), histogram,
                                  last_recorded_row + 1);
     } else {
       decision.stop = decide_probabilities(block, request, key);
     }
-  } else if (args.logits ? num_splits == 1 : request.truncating) {
-    decision = walk_rows(block, request, key, args.logits, histogram);  // one split: the plan's with truncation
-  } else if (!args.logits) {
-    decision.stop = decide_probabilities(block, request, key);
+  } else if (args.logits || request.truncating) {
+    decision = walk_rows(block, request, key, args.logits, histogram);  // one split (plan_chain_verify)
   } else {
-    // Wave 1's statistics. A wait that gives up fails the request; the block
-    // goes on with whatever it reads rather than hang.
-    block.wait_at_least(arrivals, static_cast<int32_t>(num_splits), chain_wait_fault(args, b, give_up));
-    decision = decide_from_slots(block, request, key, true, stat_slots, num_splits,
-                                 [](int64_t) { return no_truncation(); });
+    decision.stop = decide_probabilities(block, request, key);
   }
   const int64_t stop = decision.stop;
   const bool takes_bonus = stop == num_drafts && request.has_bonus;
@@ -442,11 +414,11 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     // kept live through the sample pass, where registers are at their cap.
     clear_used_records(block, staged_records(params, b, WaitFault{}),  // no more waits
                        load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size));
-  }
-  // Every wait of the request is over: one that gave up decides the outcome.
-  if (chain_request_failed(block, args, b)) {
-    write_failure(block, max_drafts, output_row, args.num_accepted + b);
-    return;
+    // Every wait of the request is over: one that gave up decides the outcome.
+    if (chain_request_failed(block, args, arrivals)) {
+      write_failure(block, max_drafts, output_row, args.num_accepted + b);
+      return;
+    }
   }
   const int64_t token = takes_bonus ? request.bonus_token
                                     : finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);

@@ -247,9 +247,11 @@ SPECDEC_HOST_DEVICE void staged_truncations(const Block& block, TruncationHistog
 }
 
 // The request's last block: the records back to zero (every block has read
-// them before arriving). Every header, and of the payloads only the stages
-// staged_truncations ran for these parameters: at K = 4 the whole region is
-// about 165 KB, most of it radix bins, on the request's critical path.
+// them before arriving). The statistics stage's header, and the headers and
+// payloads of only the stages staged_truncations ran for these parameters:
+// at K = 4 the whole region is about 165 KB, most of it radix bins, on the
+// request's critical path, and a call that does not truncate has only the
+// first header (chain_stage_stride).
 template <class Block>
 SPECDEC_HOST_DEVICE void clear_used_records(const Block& block, const StagedRecords& staged,
                                             const TruncationParameters& parameters) {
@@ -257,10 +259,12 @@ SPECDEC_HOST_DEVICE void clear_used_records(const Block& block, const StagedReco
     for (int64_t word = block.thread(); word < count; word += block.num_threads()) words[word] = 0;
   };
   const auto clear_stages = [&](int first, int end) {
+    clear(staged.header(first), (end - first) * kStageWords);
     int64_t* const from = staged.payload(first, 0);
     clear(from, staged.payload(end, 0) - from);
   };
-  clear(staged.records, kChainStages * kStageWords);
+  clear(staged.header(kChainStatsStage), kStageWords);
+  if (!parameters.any()) return;
   if (parameters.p_on || parameters.min_p_on) clear_stages(kChainMaxKeyStage, kChainTopKStage);
   if (parameters.k_on) clear_stages(kChainTopKStage, kChainTopKMassStage);
   if (parameters.p_on) clear_stages(kChainTopKMassStage, kChainKeptMassStage);  // top-p's goal and passes

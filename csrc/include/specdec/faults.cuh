@@ -24,8 +24,7 @@ namespace specdec {
 // Words of the device's fault counters (int32, _faults.KINDS).
 constexpr int kChainWaitGaveUp = 0;
 constexpr int kTreeWaitGaveUp = 1;
-constexpr int kChainBadTicket = 2;
-constexpr int kFaultKinds = 3;
+constexpr int kFaultKinds = 2;
 
 constexpr int64_t kNoFault = -1;  // the role of a launch without a forced give-up
 

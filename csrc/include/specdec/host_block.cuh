@@ -165,14 +165,6 @@ struct SimtHostBlock {
     return state->broadcast;
   }
 
-  SPECDEC_HOST_DEVICE int32_t take_ticket(int32_t* counter, int32_t count) const {
-    return by_thread_zero([&] {
-      const int32_t ticket = (*counter)++;
-      if (ticket == count - 1) *counter = 0;
-      return ticket;
-    });
-  }
-
   SPECDEC_HOST_DEVICE int64_t take(int64_t* counter) const {
     return by_thread_zero([&] { return static_cast<int32_t>((*counter)++); });
   }
@@ -203,7 +195,7 @@ struct SimtHostBlock {
     });
   }
 
-  // Blocks run one after another in ticket order, so every block waited on
+  // Blocks run one after another in id order, so every block waited on
   // has finished; a short count is a broken invariant, never waited for: the
   // wait gives up at once, as DeviceBlock's does at its bound.
   template <class Word>
