@@ -27,7 +27,7 @@
 #   tree_split_busy_gpu     40 s  first and alone: the split plan under a busy GPU and in a graph; 2 Triton
 #                                 compiles (5-9 s each), CUDA init, 4 reference calls: about 25 s
 #   graph_replay            55 s  alone, so that its us/call is undisturbed: 4 Triton compiles, 200-call graphs
-#   hazards                 90 s  the other nine checks at once, each in its own process under this limit (the
+#   hazards                 90 s  the other ten checks at once, each in its own process under this limit (the
 #                                 slowest: torch.compile at 4 batch sizes, about 60 s, and the fuzz, time-boxed
 #                                 at 25 s a backend); meanwhile the benchmark's Triton kernels compile into
 #                                 Triton's cache (bench --compile-only, in the background until the end of the
@@ -176,7 +176,7 @@ limited $(( limit[hazards] + limit[tests] )) "$scratch/warm-up.log" "$python" -m
     --targets --op chain_verify --op tree_verify --op build_tree --op tree_attention "${bench_options[@]}" &
 warm_up=$!
 parallel_checks=(two_streams logits_busy_gpu stride_overflow small_vocabularies grow_after_capture
-                 graphs_out_of_order throughput compile_reduce_overhead fuzz)
+                 graphs_out_of_order throughput compile_reduce_overhead fuzz forced_give_up)
 check_pids=()
 for check in "${parallel_checks[@]}"; do
     while [ "$(jobs -pr | wc -l)" -ge "$lanes" ]; do wait -n; done  # the warm-up holds a lane too

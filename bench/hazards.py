@@ -33,8 +33,9 @@ import time
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels import _backend, _extension, _workspace
+from specdec_kernels import _backend, _extension, _faults, _workspace
 from specdec_kernels.launchers import chain_verify as chain_launchers
+from specdec_kernels.launchers import tree_verify as tree_launchers
 
 CHECKS = {}
 # Buffers every call leaves at zero: counters, failure flags, stage records.
@@ -353,6 +354,36 @@ def tree_split_busy_gpu(backend):
     accepted = float(expected[0][2].float().mean())
     return (same(expected[0], actual) and replayed and counters_at_zero(),
             f"mean accepted {accepted:.2f}; busy and 4 replays equal the reference")
+
+
+@check
+def forced_give_up(backend):
+    """tree_verify's split plan at B=2, every root child rejected, with request 1's first program forced to give
+    up its first wait (the tests' switch): on the GPU, request 1 gets the failure outcome, request 0 the
+    reference's bits, one fault is counted, the workspace ends clean and the next call is the reference's. The
+    CUDA kernels' waits do not read the switch (a GPU launch refuses it): their host path is tested in CI."""
+    if backend == "cuda" and on_gpu():
+        return True, "skipped: the CUDA waits do not read the forced give-up (tests/test_faults.py: host path)"
+    vocab_size = size(128256, 3000)
+    generator = torch.Generator(DEVICE).manual_seed(5)
+    parents = torch.tensor([[-1, 0, 0, 0, 1, 2, 3]] * 2, device=DEVICE)
+    ids = torch.randint(0, vocab_size, (2, 7), generator=generator, device=DEVICE)
+    target = torch.softmax(torch.randn(2, 7, vocab_size, generator=generator, device=DEVICE), -1)
+    target[torch.arange(2, device=DEVICE).view(-1, 1), 0, ids[:, 1:4]] = 0.0  # every root child rejected
+    draft = torch.softmax(torch.randn(2, 7, vocab_size, generator=generator, device=DEVICE), -1)
+    expected = sk.tree_verify(ids, parents, target, draft, seed=2, backend="reference")
+    multiprocessors = torch.cuda.get_device_properties(DEVICE).multi_processor_count if on_gpu() else None
+    splits, _ = tree_launchers.vocabulary_splits(2, vocab_size, multiprocessors, 7)
+    sk.kernel_errors(DEVICE)
+    with _faults.forced_give_up(splits):  # request 1's rank 0
+        failed = sk.tree_verify(ids, parents, target, draft, seed=2, backend=backend)
+    outcome = (bool((failed[1][1] == -1).all()) and int(failed[2][1]) == 0
+               and all(torch.equal(actual[0], wanted[0]) for actual, wanted in zip(failed, expected)))
+    counted = sk.kernel_errors(DEVICE)["tree_verify.wait_gave_up"] == 1
+    clean = counters_at_zero()
+    again = same(expected, sk.tree_verify(ids, parents, target, draft, seed=2, backend=backend))
+    return outcome and counted and clean and again, f"{splits} splits; outcome {outcome}, counted {counted}, " \
+                                                    f"clean {clean}, next call {again}"
 
 
 @check
