@@ -196,7 +196,7 @@ def chain_verify_variants():
         mode = f"{mode.split()[0]} staged" if staged else mode
         name = (f"chain_verify{'_packed' if packed else ''} B={batch} K={drafts} V={vocab} {dtype} {mode}"
                 f"{'' if draft else ' one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''} rows={config.rows}")
-        options = {"num_warps": num_warps(sampling), "enable_fp_fusion": False}
+        options = {"num_warps": num_warps(sampling, staged), "enable_fp_fusion": False}
         if config.max_registers is not None:
             options["maxnreg"] = config.max_registers
         # Contiguous inputs: the strides and sizes the launcher passes for these
