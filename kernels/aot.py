@@ -238,7 +238,7 @@ def build_tree_variants():
 
 def tree_verify_variants():
     """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_verify configurations."""
-    from specdec_kernels.launchers.tree_verify import MAX_REGISTERS, NUM_WARPS, launch_config, scratch_rows
+    from specdec_kernels.launchers.tree_verify import launch_config, launch_options, scratch_rows
 
     from .tree_verify import _tree_verify_kernel
 
@@ -279,7 +279,7 @@ def tree_verify_variants():
                   "stride_draft_b": tree_size * vocab if draft else 0, "stride_draft_n": vocab if draft else 0,
                   "stride_accepted_b": tree_size, "stride_output_b": tree_size}
         attrs = _jit_divisibility(signature, values, _tree_verify_kernel)
-        options = {"num_warps": NUM_WARPS, "enable_fp_fusion": False, "maxnreg": MAX_REGISTERS}
+        options = {**launch_options(config, sampling), "enable_fp_fusion": False}
         variants.append((name, _tree_verify_kernel, signature, constexprs, options, attrs))
     return variants
 

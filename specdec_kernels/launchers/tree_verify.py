@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _faults, _workspace
-from ._shapes import cdiv, multiprocessor_count, next_power_of_2, unit_last_stride
+from ._shapes import cdiv, multiprocessor_count, next_power_of_2, older_triton, unit_last_stride
 from .chain_verify import CHUNK_SIZE, search_block, split_words
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
@@ -110,6 +110,27 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
                         num_splits, chunks_per_split)
 
 
+# Under Triton before 3.9 (the GPU machines' 3.6), where these spilled at 8 warps and 128 registers: split
+# launches that truncate take up to 168 registers (60-112 bytes spilled at 128; at 160 still 12 bytes at
+# V = 32000 on sm_80; split launches have at most one program an SM, so the cap costs no resident program);
+# vocabulary tiles below 256 elements (fewer than one a thread) take 4 warps (488-512 bytes spilled at
+# V = 100, none at 4 warps).
+OLDER_TRITON_SPLIT_TRUNCATION_REGISTERS = 168
+OLDER_TRITON_SMALL_TILE = 256
+OLDER_TRITON_SMALL_TILE_WARPS = 4
+
+
+def launch_options(config: LaunchConfig, truncate: bool) -> dict:
+    """The GPU launch's ``num_warps`` and ``maxnreg`` for ``config`` under the installed Triton."""
+    warps, registers = NUM_WARPS, MAX_REGISTERS
+    if older_triton():
+        if config.num_splits > 1 and truncate:
+            registers = OLDER_TRITON_SPLIT_TRUNCATION_REGISTERS
+        if config.rows * config.block_v < OLDER_TRITON_SMALL_TILE:
+            warps = OLDER_TRITON_SMALL_TILE_WARPS
+    return {"num_warps": warps, "maxnreg": registers}
+
+
 def scratch_rows(has_draft: bool, draft_sampling: str) -> int:
     """Scratch rows per request: ``p``, and ``q`` when a rejection removes the drawn token from it."""
     return 2 if has_draft and draft_sampling == "without_replacement" else 1
@@ -166,6 +187,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
     config = launch_config(batch_size, tree_size, vocab_size, interpreter=multiprocessors is None,
                            multiprocessors=multiprocessors)
     rows = scratch_rows(draft is not None, draft_sampling)
+    truncate = top_k is not None or top_p is not None or min_p is not None
     # Triton launches on the current device: make it the tensors' device.
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -193,11 +215,11 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             OFFSET_FROM_TENSOR=offset_tensor is not None,
             OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, SCRATCH_ROWS=rows,
             HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
-            TRUNCATE=top_k is not None or top_p is not None or min_p is not None,
+            TRUNCATE=truncate,
             HAS_BONUS=bonus_token_ids is not None, SPLIT=config.num_splits > 1, SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_N=config.block_n, BLOCK_V=config.block_v, CHUNK_TILE=config.chunk_tile,
-            num_warps=NUM_WARPS, enable_fp_fusion=False,
-            **({"maxnreg": MAX_REGISTERS} if device.type == "cuda" else {}),
+            enable_fp_fusion=False,
+            **(launch_options(config, truncate) if device.type == "cuda" else {"num_warps": NUM_WARPS}),
         )
     return accepted_nodes, output, num_accepted
 
