@@ -11,6 +11,7 @@ non-zero on a compile error or a spill.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -322,13 +323,14 @@ def compact_kv_variants():
 
 
 def tree_attention_variants():
-    """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_attention configurations.
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_attention configurations;
+    ``options`` is a function of the target's capability (80, 90).
 
     A configuration that splits the context also compiles its merge kernel, and (small row tiles) the variant
     that merges in the last split program (``MERGE_LAST``).
     """
     from specdec_kernels.launchers.tree_attention import (MERGE_IN_KERNEL_MAX_TILE, MERGE_NUM_WARPS, MERGE_ROWS,
-                                                          NUM_WARPS, launch_config)
+                                                          launch_config, launch_options)
 
     from .tree_attention import _tree_attention_kernel, _tree_attention_merge_kernel
 
@@ -371,11 +373,12 @@ def tree_attention_variants():
                   "stride_table_b": max_blocks, "stride_table_m": 1, "stride_prefix": 1,
                   "stride_mask_b": tree_size * words, "stride_mask_n": words, "stride_num_nodes": 1}
         attrs = _jit_divisibility(signature, values, _tree_attention_kernel)
-        variants.append((name, _tree_attention_kernel, signature, constexprs, {"num_warps": NUM_WARPS},
-                         attrs))
+        # The options depend on the target (capability): compile_all calls this.
+        options = functools.partial(launch_options, config, head_dim)
+        variants.append((name, _tree_attention_kernel, signature, constexprs, options, attrs))
         if split and config.block_m * head_dim <= MERGE_IN_KERNEL_MAX_TILE:
             variants.append((name + " merge-last", _tree_attention_kernel, signature,
-                             {**constexprs, "MERGE_LAST": True}, {"num_warps": NUM_WARPS}, attrs))
+                             {**constexprs, "MERGE_LAST": True}, options, attrs))
         if split:
             merge_signature = {"out_ptr": f"*{dtype}", "partial_acc_ptr": "*fp32", "partial_max_ptr": "*fp32",
                                "partial_sum_ptr": "*fp32", "num_rows": "i32", "num_splits": "i32"}
@@ -391,7 +394,8 @@ def tree_attention_variants():
 
 
 def all_variants():
-    """Every compiled variant of every Triton kernel."""
+    """Every compiled variant of every Triton kernel (``options``: a dict, or a function of the target's
+    capability)."""
     return (chain_verify_variants() + tree_verify_variants() + build_tree_variants() + compact_kv_variants()
             + tree_attention_variants())
 
@@ -461,8 +465,8 @@ def compile_all() -> list[dict]:
     for name, kernel, signature, constexprs, options, attrs in all_variants():
         for capability, arch in TARGETS:
             source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-            compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                                      options=options)
+            target_options = options(capability) if callable(options) else options
+            compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=target_options)
             registers, spill_stores, spill_loads = ptxas_report(compiled.asm["ptx"], capability, arch)
             rows.append({"kernel": name, "arch": arch, "registers": registers, "spill_stores": spill_stores,
                          "spill_loads": spill_loads,
