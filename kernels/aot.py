@@ -63,14 +63,16 @@ CHAIN_VERIFY_SAMPLING_SHAPES = (
 
 # (batch, tree size, vocabulary, dtype, draft given, draft sampling, logits,
 # per-request seeds): the EAGLE range, the largest tree (N = 1024, one node
-# tile) and a vocabulary below one chunk. On an H200 batches up to 66 split
-# the vocabulary (the SPLIT variant), larger ones do not.
+# tile) and vocabularies below one chunk (V = 1000: a one-chunk tile of 1024,
+# which Triton 3.6 compiles only with two-chunk sampler tiles). On an H200
+# batches up to 66 split the vocabulary (the SPLIT variant), larger ones do not.
 TREE_VERIFY_SHAPES = (
     (8, 64, 128256, "fp32", True, "without_replacement", False, False),
     (128, 64, 128256, "bf16", True, "without_replacement", False, False),
     (64, 32, 32000, "bf16", True, "with_replacement", True, True),
     (1, 1024, 151936, "bf16", False, "without_replacement", False, True),
     (256, 8, 100, "fp16", True, "without_replacement", True, False),
+    (256, 8, 1000, "fp16", True, "without_replacement", True, False),
     (512, 64, 16, "fp32", True, "without_replacement", False, True),
 )
 

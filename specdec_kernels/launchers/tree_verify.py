@@ -103,6 +103,8 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
     if interpreter:
         block_n = min(block_n, INTERPRETER_MAX_BLOCK_N)
     chunk_tile = max(1, min(next_power_of_2(num_chunks), MAX_CHUNK_TILE // rows))
+    if not interpreter and older_triton():
+        chunk_tile = max(chunk_tile, OLDER_TRITON_MIN_CHUNK_TILE)
     # The search's [rows, candidates, search_block] tile: the GPU's budget (the other tiles'), or wide
     # under the interpreter, where fewer, larger steps are faster.
     search_tile = TILE if tile <= TILE else INTERPRETER_SEARCH_TILE
@@ -113,11 +115,16 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
 # Under Triton before 3.9 (the GPU machines' 3.6), where these spilled at 8 warps and 128 registers: split
 # launches that truncate take up to 168 registers (60-112 bytes spilled at 128; at 160 still 12 bytes at
 # V = 32000 on sm_80; split launches have at most one program an SM, so the cap costs no resident program);
-# vocabulary tiles below 256 elements (fewer than one a thread) take 4 warps (488-512 bytes spilled at
-# V = 100, none at 4 warps).
+# programs whose vocabulary and node tiles both hold fewer than 256 elements take a warp per 32 elements of
+# the larger, at least 2 (B = 256, N = 8: V = 100 spilled 488-512 bytes at 8 warps, V = 40 272-392 bytes at
+# 4 and V = 64 16 bytes at 4; none at 4, 2 and 2; at N = 1024 V = 100 spilled 120 bytes at 2 warps, none at 8).
+# Triton 3.6 also fails to lower the sampler's chunk scan (tl.cumsum over a [1, 1] tile, ScanOpToLLVM
+# assertion) at vocabulary tiles of 512 and 1024 elements with one chunk (256 < V <= 1024): tiles of two
+# chunks compile. The chunk sums and counts are integers over masked tiles (kernels/sampling.py), so the
+# chunk tile changes no result.
+OLDER_TRITON_MIN_CHUNK_TILE = 2
 OLDER_TRITON_SPLIT_TRUNCATION_REGISTERS = 168
-OLDER_TRITON_SMALL_TILE = 256
-OLDER_TRITON_SMALL_TILE_WARPS = 4
+OLDER_TRITON_MIN_WARPS = 2
 
 
 def launch_options(config: LaunchConfig, truncate: bool) -> dict:
@@ -126,8 +133,8 @@ def launch_options(config: LaunchConfig, truncate: bool) -> dict:
     if older_triton():
         if config.num_splits > 1 and truncate:
             registers = OLDER_TRITON_SPLIT_TRUNCATION_REGISTERS
-        if config.rows * config.block_v < OLDER_TRITON_SMALL_TILE:
-            warps = OLDER_TRITON_SMALL_TILE_WARPS
+        widest_tile = max(config.rows * config.block_v, config.block_n)
+        warps = max(OLDER_TRITON_MIN_WARPS, min(NUM_WARPS, widest_tile // 32))
     return {"num_warps": warps, "maxnreg": registers}
 
 
