@@ -11,6 +11,7 @@ non-zero on a compile error or a spill.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -62,14 +63,16 @@ CHAIN_VERIFY_SAMPLING_SHAPES = (
 
 # (batch, tree size, vocabulary, dtype, draft given, draft sampling, logits,
 # per-request seeds): the EAGLE range, the largest tree (N = 1024, one node
-# tile) and a vocabulary below one chunk. On an H200 batches up to 66 split
-# the vocabulary (the SPLIT variant), larger ones do not.
+# tile) and vocabularies below one chunk (V = 1000: a one-chunk tile of 1024,
+# which Triton 3.6 compiles only with two-chunk sampler tiles). On an H200
+# batches up to 66 split the vocabulary (the SPLIT variant), larger ones do not.
 TREE_VERIFY_SHAPES = (
     (8, 64, 128256, "fp32", True, "without_replacement", False, False),
     (128, 64, 128256, "bf16", True, "without_replacement", False, False),
     (64, 32, 32000, "bf16", True, "with_replacement", True, True),
     (1, 1024, 151936, "bf16", False, "without_replacement", False, True),
     (256, 8, 100, "fp16", True, "without_replacement", True, False),
+    (256, 8, 1000, "fp16", True, "without_replacement", True, False),
     (512, 64, 16, "fp32", True, "without_replacement", False, True),
 )
 
@@ -196,7 +199,7 @@ def chain_verify_variants():
         mode = f"{mode.split()[0]} staged" if staged else mode
         name = (f"chain_verify{'_packed' if packed else ''} B={batch} K={drafts} V={vocab} {dtype} {mode}"
                 f"{'' if draft else ' one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''} rows={config.rows}")
-        options = {"num_warps": num_warps(sampling), "enable_fp_fusion": False}
+        options = {"num_warps": num_warps(sampling, staged), "enable_fp_fusion": False}
         if config.max_registers is not None:
             options["maxnreg"] = config.max_registers
         # Contiguous inputs: the strides and sizes the launcher passes for these
@@ -238,7 +241,7 @@ def build_tree_variants():
 
 def tree_verify_variants():
     """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_verify configurations."""
-    from specdec_kernels.launchers.tree_verify import MAX_REGISTERS, NUM_WARPS, launch_config, scratch_rows
+    from specdec_kernels.launchers.tree_verify import launch_config, launch_options, scratch_rows
 
     from .tree_verify import _tree_verify_kernel
 
@@ -279,7 +282,7 @@ def tree_verify_variants():
                   "stride_draft_b": tree_size * vocab if draft else 0, "stride_draft_n": vocab if draft else 0,
                   "stride_accepted_b": tree_size, "stride_output_b": tree_size}
         attrs = _jit_divisibility(signature, values, _tree_verify_kernel)
-        options = {"num_warps": NUM_WARPS, "enable_fp_fusion": False, "maxnreg": MAX_REGISTERS}
+        options = {**launch_options(config, sampling), "enable_fp_fusion": False}
         variants.append((name, _tree_verify_kernel, signature, constexprs, options, attrs))
     return variants
 
@@ -322,13 +325,14 @@ def compact_kv_variants():
 
 
 def tree_attention_variants():
-    """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_attention configurations.
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_attention configurations;
+    ``options`` is a function of the target's capability (80, 90).
 
     A configuration that splits the context also compiles its merge kernel, and (small row tiles) the variant
     that merges in the last split program (``MERGE_LAST``).
     """
     from specdec_kernels.launchers.tree_attention import (MERGE_IN_KERNEL_MAX_TILE, MERGE_NUM_WARPS, MERGE_ROWS,
-                                                          NUM_WARPS, launch_config)
+                                                          launch_config, launch_options)
 
     from .tree_attention import _tree_attention_kernel, _tree_attention_merge_kernel
 
@@ -371,11 +375,12 @@ def tree_attention_variants():
                   "stride_table_b": max_blocks, "stride_table_m": 1, "stride_prefix": 1,
                   "stride_mask_b": tree_size * words, "stride_mask_n": words, "stride_num_nodes": 1}
         attrs = _jit_divisibility(signature, values, _tree_attention_kernel)
-        variants.append((name, _tree_attention_kernel, signature, constexprs, {"num_warps": NUM_WARPS},
-                         attrs))
+        # The options depend on the target (capability): compile_all calls this.
+        options = functools.partial(launch_options, config, head_dim)
+        variants.append((name, _tree_attention_kernel, signature, constexprs, options, attrs))
         if split and config.block_m * head_dim <= MERGE_IN_KERNEL_MAX_TILE:
             variants.append((name + " merge-last", _tree_attention_kernel, signature,
-                             {**constexprs, "MERGE_LAST": True}, {"num_warps": NUM_WARPS}, attrs))
+                             {**constexprs, "MERGE_LAST": True}, options, attrs))
         if split:
             merge_signature = {"out_ptr": f"*{dtype}", "partial_acc_ptr": "*fp32", "partial_max_ptr": "*fp32",
                                "partial_sum_ptr": "*fp32", "num_rows": "i32", "num_splits": "i32"}
@@ -391,7 +396,8 @@ def tree_attention_variants():
 
 
 def all_variants():
-    """Every compiled variant of every Triton kernel."""
+    """Every compiled variant of every Triton kernel (``options``: a dict, or a function of the target's
+    capability)."""
     return (chain_verify_variants() + tree_verify_variants() + build_tree_variants() + compact_kv_variants()
             + tree_attention_variants())
 
@@ -461,8 +467,8 @@ def compile_all() -> list[dict]:
     for name, kernel, signature, constexprs, options, attrs in all_variants():
         for capability, arch in TARGETS:
             source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-            compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                                      options=options)
+            target_options = options(capability) if callable(options) else options
+            compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=target_options)
             registers, spill_stores, spill_loads = ptxas_report(compiled.asm["ptx"], capability, arch)
             rows.append({"kernel": name, "arch": arch, "registers": registers, "spill_stores": spill_stores,
                          "spill_loads": spill_loads,

@@ -26,3 +26,25 @@ def unit_last_stride(tensor):
 def multiprocessor_count(device: torch.device) -> int:
     """SMs of a CUDA device (cached: the launchers size their grids with it on every call)."""
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def device_capability(device: torch.device) -> int:
+    """A CUDA device's compute capability as ``10 * major + minor`` (80: A100, 90: H100/H200)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+# Launch options are tuned on CI's Triton (3.9, python -m specdec_kernels._kernels.aot). Older Triton
+# allocates registers differently: the GPU machines' Triton 3.6 spilled in 15 of 96 compiles with them,
+# so a launcher may choose other options below this version (each with the compile that justifies it).
+TUNED_TRITON = (3, 9)
+
+
+@functools.lru_cache(maxsize=None)
+def older_triton() -> bool:
+    """Whether the installed Triton predates ``TUNED_TRITON`` (the GPU machines run 3.6)."""
+    import triton
+
+    major, minor = triton.__version__.split(".")[:2]
+    return (int(major), int(minor)) < TUNED_TRITON

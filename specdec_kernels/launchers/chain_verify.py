@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _faults, _workspace
-from ._shapes import cdiv, next_power_of_2, unit_last_stride
+from ._shapes import cdiv, next_power_of_2, older_triton, unit_last_stride
 from ._shapes import multiprocessor_count as _multiprocessor_count  # a module name: tests patch it
 
 CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py); a program's slice is whole chunks
@@ -49,8 +49,17 @@ INTERPRETER_LIMITS = Limits(tile=32768, decision_tile=1 << 20, combine_tile=1 <<
                             search_tile=1 << 20)
 
 
-def num_warps(truncate: bool) -> int:
-    """4 warps; 8 with truncation, whose search and walk state spilled 12-32 bytes at 4 (sm_80, V = 128256)."""
+def num_warps(truncate: bool, staged: bool = False) -> int:
+    """4 warps; 8 with truncation, whose search and walk state spilled 12-32 bytes at 4 (sm_80, V = 128256).
+
+    The staged plan under Triton before 3.9: 16. Triton 3.6 spilled 8-112 bytes at 8 warps and 128 registers
+    (V = 128256 probabilities and packed logits, V = 151936 logits; 160 registers or 16 warps spill none), and
+    16 warps at 128 registers is one program of 512 threads an SM, the threads of two 8-warp programs (160
+    registers would leave one 8-warp program an SM). Running programs take the stages' slices from a counter,
+    so with one resident program an SM none waits on a program that has not started.
+    """
+    if truncate and staged and older_triton():
+        return 16
     return 8 if truncate else 4
 
 
@@ -291,7 +300,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_K1=config.block_k1, BLOCK_V=config.block_v, SPLIT_TILE=config.split_tile,
             CHUNK_TILE=config.chunk_tile,
-            num_warps=num_warps(truncate), enable_fp_fusion=False,
+            num_warps=num_warps(truncate, staged), enable_fp_fusion=False,
             **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
         )
     return output, num_accepted

@@ -19,7 +19,8 @@ from typing import NamedTuple
 import torch
 
 from .. import _workspace
-from ._shapes import cdiv, multiprocessor_count, next_power_of_2, unit_last_stride
+from ._shapes import (cdiv, device_capability, multiprocessor_count, next_power_of_2, older_triton,
+                      unit_last_stride)
 
 LOG2_E = 1.4426950408889634
 
@@ -49,6 +50,23 @@ MERGE_ROWS = 16  # rows merged at a time (per program of the merge launch); at m
 # short trees, where a long context is split most, are below it).
 MERGE_IN_KERNEL = False
 MERGE_IN_KERNEL_MAX_TILE = 32 * 128
+
+
+# sm_8x under Triton before 3.9 (the GPU machines' 3.6): at Triton's default of 3 stages its 255-register
+# compiles spilled 4 bytes (128 x 64 rows x D, 64 x 256) and 40 bytes (128 x 128, still 48 at 2 stages). Row
+# tiles of at least 64 x 128 elements take 2 stages, 128 x 128 one: none spills. Smaller tiles, sm_90a and
+# Triton 3.9 keep the default.
+OLDER_TRITON_SM80_TWO_STAGE_TILE = 64 * 128
+OLDER_TRITON_SM80_ONE_STAGE_TILE = (128, 128)  # (rows, D)
+
+
+def launch_options(config: "LaunchConfig", head_dim: int, capability: int) -> dict:
+    """The GPU launch's options (``num_warps``; ``num_stages`` where the default spills) on a device of compute
+    capability ``capability`` (``10 * major + minor``) under the installed Triton."""
+    options = {"num_warps": NUM_WARPS}
+    if capability // 10 == 8 and older_triton() and config.block_m * head_dim >= OLDER_TRITON_SM80_TWO_STAGE_TILE:
+        options["num_stages"] = 1 if (config.block_m, head_dim) == OLDER_TRITON_SM80_ONE_STAGE_TILE else 2
+    return options
 
 
 def merges_in_kernel(config: "LaunchConfig", head_dim: int) -> bool:
@@ -145,7 +163,8 @@ def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_m
             tree_mask.stride(0), tree_mask.stride(1), 0 if num_nodes is None else num_nodes.stride(0),
             HAS_NUM_NODES=num_nodes is not None, SPLIT=split, MERGE_LAST=merge_last, FLOAT32_TILES=interpreter,
             HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, MERGE_ROWS=MERGE_ROWS,
-            num_warps=NUM_WARPS,
+            **({"num_warps": NUM_WARPS} if interpreter
+               else launch_options(config, head_dim, device_capability(device))),
         )
         if split and not merge_last:
             num_rows = batch_size * max_nodes * num_q_heads

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _faults, _workspace
-from ._shapes import cdiv, multiprocessor_count, next_power_of_2, unit_last_stride
+from ._shapes import cdiv, multiprocessor_count, next_power_of_2, older_triton, unit_last_stride
 from .chain_verify import CHUNK_SIZE, search_block, split_words
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
@@ -103,11 +103,39 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
     if interpreter:
         block_n = min(block_n, INTERPRETER_MAX_BLOCK_N)
     chunk_tile = max(1, min(next_power_of_2(num_chunks), MAX_CHUNK_TILE // rows))
+    if not interpreter and older_triton():
+        chunk_tile = max(chunk_tile, OLDER_TRITON_MIN_CHUNK_TILE)
     # The search's [rows, candidates, search_block] tile: the GPU's budget (the other tiles'), or wide
     # under the interpreter, where fewer, larger steps are faster.
     search_tile = TILE if tile <= TILE else INTERPRETER_SEARCH_TILE
     return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile, search_block(block_v, search_tile, rows),
                         num_splits, chunks_per_split)
+
+
+# Under Triton before 3.9 (the GPU machines' 3.6), where these spilled at 8 warps and 128 registers: split
+# launches that truncate take up to 168 registers (60-112 bytes spilled at 128; at 160 still 12 bytes at
+# V = 32000 on sm_80; split launches have at most one program an SM, so the cap costs no resident program);
+# programs whose vocabulary and node tiles both hold fewer than 256 elements take a warp per 32 elements of
+# the larger, at least 2 (B = 256, N = 8: V = 100 spilled 488-512 bytes at 8 warps, V = 40 272-392 bytes at
+# 4 and V = 64 16 bytes at 4; none at 4, 2 and 2; at N = 1024 V = 100 spilled 120 bytes at 2 warps, none at 8).
+# Triton 3.6 also fails to lower the sampler's chunk scan (tl.cumsum over a [1, 1] tile, ScanOpToLLVM
+# assertion) at vocabulary tiles of 512 and 1024 elements with one chunk (256 < V <= 1024): tiles of two
+# chunks compile. The chunk sums and counts are integers over masked tiles (kernels/sampling.py), so the
+# chunk tile changes no result.
+OLDER_TRITON_MIN_CHUNK_TILE = 2
+OLDER_TRITON_SPLIT_TRUNCATION_REGISTERS = 168
+OLDER_TRITON_MIN_WARPS = 2
+
+
+def launch_options(config: LaunchConfig, truncate: bool) -> dict:
+    """The GPU launch's ``num_warps`` and ``maxnreg`` for ``config`` under the installed Triton."""
+    warps, registers = NUM_WARPS, MAX_REGISTERS
+    if older_triton():
+        if config.num_splits > 1 and truncate:
+            registers = OLDER_TRITON_SPLIT_TRUNCATION_REGISTERS
+        widest_tile = max(config.rows * config.block_v, config.block_n)
+        warps = max(OLDER_TRITON_MIN_WARPS, min(NUM_WARPS, widest_tile // 32))
+    return {"num_warps": warps, "maxnreg": registers}
 
 
 def scratch_rows(has_draft: bool, draft_sampling: str) -> int:
@@ -166,6 +194,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
     config = launch_config(batch_size, tree_size, vocab_size, interpreter=multiprocessors is None,
                            multiprocessors=multiprocessors)
     rows = scratch_rows(draft is not None, draft_sampling)
+    truncate = top_k is not None or top_p is not None or min_p is not None
     # Triton launches on the current device: make it the tensors' device.
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -193,11 +222,11 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             OFFSET_FROM_TENSOR=offset_tensor is not None,
             OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, SCRATCH_ROWS=rows,
             HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
-            TRUNCATE=top_k is not None or top_p is not None or min_p is not None,
+            TRUNCATE=truncate,
             HAS_BONUS=bonus_token_ids is not None, SPLIT=config.num_splits > 1, SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_N=config.block_n, BLOCK_V=config.block_v, CHUNK_TILE=config.chunk_tile,
-            num_warps=NUM_WARPS, enable_fp_fusion=False,
-            **({"maxnreg": MAX_REGISTERS} if device.type == "cuda" else {}),
+            enable_fp_fusion=False,
+            **(launch_options(config, truncate) if device.type == "cuda" else {"num_warps": NUM_WARPS}),
         )
     return accepted_nodes, output, num_accepted
 
