@@ -6,8 +6,8 @@ when nvcc and ninja are found and torch is importable in the build
 environment (``pip install --no-build-isolation``; CI and scripts/setup_env.sh
 do that). An isolated build (``pip install .``, ``pip wheel .``,
 ``python -m build``) has no torch: it builds a pure-Python wheel that carries
-the CUDA sources, and the package compiles them on first use instead
-(``specdec_kernels/_jit.py``). The recipe, shared by both, is in
+the CUDA sources, and ``python -m specdec_kernels build`` compiles them
+after the install instead (``specdec_kernels/_jit.py``). The recipe, shared by both, is in
 ``specdec_kernels/_cuda_build.py``.
 
 Environment:
@@ -47,8 +47,8 @@ def _notice(message: str) -> None:
     print(f"specdec_kernels setup: {message}", file=sys.stderr, flush=True)
 
 
-FIRST_USE = ("the package compiles it on first use of backend='cuda' on a GPU instead (needs nvcc and ninja "
-             "there; SPECDEC_JIT=0 turns that off)")
+FIRST_USE = ("backend='auto' uses Triton until it is built; build it once after installing with "
+             "`python -m specdec_kernels build` (needs nvcc and ninja; minutes)")
 
 
 def _cuda_extension_plan() -> tuple[list, dict]:

@@ -67,8 +67,7 @@ if [ "$dry_run" -eq 1 ]; then
     workers=$lanes
 else
     unset TRITON_INTERPRET  # kernels run on the GPU here
-    # SPECDEC_JIT=0: were the built extension not to load, no check may start a first-use compile of minutes.
-    export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=$lanes SPECDEC_BUILD_CUDA=1 SPECDEC_JIT=0
+    export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=$lanes SPECDEC_BUILD_CUDA=1
     hazard_options=(--fuzz-seconds 25)  # per backend: the fuzz's share of the hazards' 90 s
     bench_options=()
     # A hung test becomes one failure (its worker is replaced) rather than the stage's timeout.

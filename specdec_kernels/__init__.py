@@ -7,7 +7,13 @@ README), also registered as ``torch.ops.specdec.<name>``. Engines' own
 layouts: ``sk.adapters`` (``sk.adapters.sglang.eagle_tree_verify``).
 """
 
-from . import adapters
+from pathlib import Path as _Path
+
+from . import _checkout
+
+_checkout.install(_Path(__file__).resolve().parent)  # before any import of the kernels (see _checkout.py)
+
+from . import adapters  # noqa: E402
 from ._extension import cuda_extension_available
 from ._faults import kernel_errors
 from .ops.build_tree import TreeInfo, build_tree

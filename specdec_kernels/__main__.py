@@ -1,8 +1,10 @@
-"""Command line: ``python -m specdec_kernels bench|demo``.
+"""Command line: ``python -m specdec_kernels bench|demo|build``.
 
 ``bench`` runs the benchmarks (``bench/bench_<op>.py`` of the checkout,
 installed as ``specdec_kernels._bench``); ``demo`` runs speculative decoding
-end to end on built-in synthetic models (``specdec_kernels/demo.py``).
+end to end on built-in synthetic models (``specdec_kernels/demo.py``);
+``build`` compiles the CUDA extension into the per-user cache when the
+install did not build it (``specdec_kernels/_jit.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,21 @@ def _demo(args, options: list[str]) -> int:
     return 0
 
 
+def _build_extension(args, options: list[str]) -> int:
+    from . import _extension, _jit
+
+    if _extension.extension_error() is None:
+        print(f"specdec_kernels: the installed CUDA extension loads; nothing to build ({_extension.EXTENSION_MODULE})")
+        return 0
+    try:
+        library = _jit.build_and_load(args.arch_list, report=print)
+    except _jit.JitUnavailable as error:
+        print(f"specdec_kernels build: {error}", file=sys.stderr)
+        return 1
+    print(f"specdec_kernels: the CUDA extension is ready ({library}); backend='auto' uses it on GPU tensors")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdec_kernels", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser = commands.add_parser("demo", help="speculative decoding end to end on synthetic models")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(handler=_demo)
+
+    build = commands.add_parser("build", help="compile the CUDA extension once, when the install did not "
+                                              "(pip install . without --no-build-isolation)")
+    build.add_argument("--arch-list", default=None,
+                       help="TORCH_CUDA_ARCH_LIST for the build (default: the variable, else the visible GPUs')")
+    build.set_defaults(handler=_build_extension)
     return parser
 
 

@@ -41,28 +41,30 @@ def triton_import_error() -> str | None:
 
 def _triton_unavailable(op_name: str, device: torch.device) -> str | None:
     if op_name not in TRITON_OPS:
-        return f"there is no Triton kernel for {op_name} yet"
+        return f"there is no Triton kernel for {op_name} yet: use backend='reference'"
     if triton_import_error() is not None:
-        return f"triton cannot be imported ({triton_import_error()})"
+        return f"triton cannot be imported ({triton_import_error()}): pip install triton"
     if device.type == "cuda":
         return None
     if device.type == "cpu" and triton_interpreter_enabled():
         return None
     return (
         f"Triton runs on CUDA tensors, or on CPU tensors with TRITON_INTERPRET=1 set before triton is "
-        f"imported; the tensors are on {device}"
+        f"imported; the tensors are on {device}: move them to a GPU, set TRITON_INTERPRET=1, or use "
+        "backend='reference'"
     )
 
 
 def _cuda_unavailable(op_name: str, device: torch.device) -> str | None:
-    # On GPU tensors a missing extension is compiled now, once (cached per user); never for CPU tensors.
+    # On GPU tensors a missing extension is looked for in the per-user build cache; nothing compiles here.
     error = _extension.ensure_loaded() if device.type == "cuda" else _extension.extension_error()
     if error is not None:
         return f"the CUDA extension specdec_kernels._C is not built or failed to load ({error})"
     if op_name not in _extension.extension_ops():
-        return f"the CUDA extension has no kernel for {op_name} yet"
+        return f"the CUDA extension has no kernel for {op_name} yet: use backend='triton' or 'reference'"
     if device.type != "cuda":
-        return f"the CUDA backend needs CUDA tensors; the tensors are on {device}"
+        return f"the CUDA backend needs CUDA tensors; the tensors are on {device}: move them to a GPU, or use " \
+            "backend='reference'"
     return None
 
 

@@ -1,9 +1,10 @@
 """The optional compiled extension ``specdec_kernels._C``.
 
 ``setup.py`` builds it at install time when nvcc, ninja and torch are there
-(``pip install --no-build-isolation``); otherwise the first call that needs
-the CUDA backend on a GPU compiles the same sources into a per-user cache
-(``_jit.py``). Loading it registers the raw ops under
+(``pip install --no-build-isolation``); otherwise ``python -m specdec_kernels
+build`` compiles the same sources into a per-user cache (``_jit.py``), and
+the first call that needs the CUDA backend on a GPU loads that build. No
+call compiles anything. Loading it registers the raw ops under
 ``torch.ops.specdec_C`` (``csrc/bindings/``); the package works without
 it (reference and Triton backends). The installed module is tried once, on
 the first question asked here, and never touches CUDA: loading the library
@@ -19,6 +20,13 @@ import threading
 
 EXTENSION_MODULE = "specdec_kernels._C"
 EXTENSION_NAMESPACE = "specdec_C"
+REBUILD = "rebuild it for this torch: pip install --no-build-isolation . from the checkout"
+
+
+def not_built_reason() -> str:
+    return (f"{EXTENSION_MODULE} is not built: run python -m specdec_kernels build (needs nvcc and ninja), or "
+            "install with pip install --no-build-isolation . (setup.py builds it when nvcc and ninja are found "
+            "and SPECDEC_BUILD_CUDA is not 0)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,51 +38,48 @@ def _import_installed() -> str | None:
         importlib.import_module(EXTENSION_MODULE)
     except ModuleNotFoundError as error:
         if error.name != EXTENSION_MODULE:
-            return f"{EXTENSION_MODULE} failed to load: {type(error).__name__}: {error}"
-        return (
-            f"{EXTENSION_MODULE} is not built (setup.py builds it when nvcc and ninja are found, torch is "
-            "importable at build time (pip install --no-build-isolation) and SPECDEC_BUILD_CUDA is not 0; "
-            "else the first CUDA call on a GPU compiles it)"
-        )
+            return f"{EXTENSION_MODULE} failed to load: {type(error).__name__}: {error} ({REBUILD})"
+        return not_built_reason()
     except Exception as error:  # an ImportError/OSError from the loader: undefined symbol, missing libcudart
-        return f"{EXTENSION_MODULE} failed to load: {type(error).__name__}: {error}"
+        return f"{EXTENSION_MODULE} failed to load: {type(error).__name__}: {error} ({REBUILD})"
     return None
 
 
 _first_use = threading.Lock()
-_compiled: dict[str, str | None] = {}  # "error": None once the first-use build loaded, else why it failed
+_cached: dict[str, str | None] = {}  # "error": None once a cached build (python -m specdec_kernels build) loaded
 
 
 def _load() -> str | None:
-    """``None`` when the extension is loaded (installed, or compiled on first use), else why not."""
+    """``None`` when the extension is loaded (installed, or a cached build), else why not."""
     error = _import_installed()
-    if error is None or "error" not in _compiled:
+    if error is None or "error" not in _cached:
         return error
-    if _compiled["error"] is None:
+    if _cached["error"] is None:
         return None
-    return f"{error}; compiling it on first use failed: {_compiled['error']}"
+    return f"{error}; {_cached['error']}"
 
 
 def ensure_loaded() -> str | None:
-    """:func:`extension_error` after compiling the extension on first use if the install lacks it.
+    """:func:`extension_error` after loading the cached build when the install lacks the extension.
 
-    Called by the backend choice for CUDA tensors only (a GPU is there):
-    the first call may take minutes (once per user and source version; the
-    build is cached), and is tried once per process.
+    Called by the backend choice for CUDA tensors only (a GPU is there, so
+    the cache key can name its architectures); tried once per process.
+    Never compiles: ``python -m specdec_kernels build`` does that.
     """
-    if _import_installed() is None or ("error" in _compiled and _compiled["error"] is None):
+    if _import_installed() is None or ("error" in _cached and _cached["error"] is None):
         return None  # the common case, on every CUDA call: no lock
     with _first_use:
-        if "error" not in _compiled:
+        if "error" not in _cached:
             from . import _jit
 
             try:
-                _jit.build_and_load()
-                _compiled["error"] = None
+                _jit.load_built()
+                _cached["error"] = None
             except Exception as error:  # JitUnavailable, or the loader's error on a cached build
-                _compiled["error"] = str(error)
+                _cached["error"] = str(error)
                 logging.getLogger("specdec_kernels").warning(
-                    "specdec_kernels: no CUDA extension (backend='auto' uses Triton instead): %s", error)
+                    "specdec_kernels: no CUDA extension, so backend='auto' uses Triton (build it with "
+                    "python -m specdec_kernels build): %s", error)
     return _load()
 
 
@@ -84,7 +89,8 @@ def cuda_extension_available() -> bool:
     This says nothing about a GPU being present: the extension also loads,
     and its CPU (host) implementations run, on a machine without one. When
     the install did not build it, this is ``False`` until the first CUDA call
-    compiled it (``backend="cuda"``, or ``"auto"``, on GPU tensors).
+    (``backend="cuda"``, or ``"auto"``, on GPU tensors) loaded the build that
+    ``python -m specdec_kernels build`` made.
 
     Examples
     --------

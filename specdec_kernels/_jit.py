@@ -1,20 +1,22 @@
-"""Compile the CUDA extension on first use when the install did not build it (as FlashInfer and Triton do).
+"""Build the CUDA extension into a per-user cache when the install did not build it.
 
 An isolated build (``pip install .``, ``pip wheel .``, ``python -m build``)
 has no torch, so ``setup.py`` cannot build ``specdec_kernels._C`` there; the
-wheel carries the sources instead (``specdec_kernels/_csrc``). At the first
-call that needs the CUDA backend on a GPU, :func:`build_and_load` compiles
-them with the recipe ``setup.py`` uses (``_cuda_build``) into a per-user
-cache and loads the library, which registers ``torch.ops.specdec_C``.
+wheel carries the sources instead (``specdec_kernels/_csrc``).
+``python -m specdec_kernels build`` (:func:`build_and_load`) compiles them
+with the recipe ``setup.py`` uses (``_cuda_build``) into a per-user cache,
+and later processes load that build (:func:`load_built`). Nothing compiles
+by itself: an op call never starts a build (it takes minutes, and would
+stall a serving process without a word); until the build exists,
+``backend="auto"`` uses Triton.
 
 The cache directory is keyed by a hash of the sources, the torch and Python
 versions, the target architectures and the nvcc version, so a changed source
-or an upgraded torch builds afresh and a second process reuses the build (a
-file lock serialises concurrent builds of one key).
+or an upgraded torch needs a new build, and a build is reused by every
+process that matches it (a file lock serialises concurrent builds of one key).
 
-Environment: ``SPECDEC_JIT=0`` never compiles on first use;
-``SPECDEC_CACHE_DIR`` (default ``$XDG_CACHE_HOME/specdec_kernels`` or
-``~/.cache/specdec_kernels``) holds the builds; ``TORCH_CUDA_ARCH_LIST``
+Environment: ``SPECDEC_CACHE_DIR`` (default ``$XDG_CACHE_HOME/specdec_kernels``
+or ``~/.cache/specdec_kernels``) holds the builds; ``TORCH_CUDA_ARCH_LIST``
 (default: the architectures of the visible GPUs), ``MAX_JOBS``, ``CUDA_HOME``
 as for ``setup.py``.
 """
@@ -28,11 +30,11 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from . import _cuda_build
 
-JIT_ENV = "SPECDEC_JIT"
 CACHE_ENV = "SPECDEC_CACHE_DIR"
 LIBRARY_NAME = "specdec_C"
 _LOG_TAIL_LINES = 30
@@ -40,8 +42,11 @@ _LOG_TAIL_LINES = 30
 logger = logging.getLogger("specdec_kernels")
 
 
+BUILD_COMMAND = "python -m specdec_kernels build"
+
+
 class JitUnavailable(RuntimeError):
-    """The extension cannot be compiled here; the message says why."""
+    """The extension cannot be built or loaded here; the message says why."""
 
 
 def cache_root() -> Path:
@@ -79,38 +84,72 @@ def build_key(csrc: Path, cuda_home: Path, arch_list: str) -> str:
     return digest.hexdigest()
 
 
-def build_and_load(arch_list: str | None = None) -> Path:
+def _build_directory(arch_list: str | None) -> tuple[Path, Path, Path, list[str] | None, str]:
+    """``(directory, csrc, cuda_home, ninja, arch_list)`` of the build matching this install and machine."""
+    csrc = _cuda_build.source_dir(Path(__file__).resolve().parent)
+    if csrc is None:
+        raise JitUnavailable("the CUDA sources are not installed (specdec_kernels/_csrc is missing): reinstall "
+                             "specdec_kernels")
+    cuda_home = _cuda_build.find_cuda_home()
+    if cuda_home is None:
+        raise JitUnavailable("nvcc was not found to build it (install a CUDA toolkit or set CUDA_HOME, then run "
+                             f"{BUILD_COMMAND})")
+    arch_list = arch_list or gpu_arch_list()
+    directory = cache_root() / f"cuda-{build_key(csrc, cuda_home, arch_list)[:24]}"
+    return directory, csrc, cuda_home, _cuda_build.find_ninja(), arch_list
+
+
+def _library(directory: Path) -> Path:
+    return directory / "torch" / f"{LIBRARY_NAME}.so"
+
+
+def _complete(directory: Path) -> Path:
+    return directory / "complete"  # written after a build that loaded: a crashed build is redone
+
+
+def _load(directory: Path) -> Path:
+    import torch
+
+    torch.ops.load_library(str(_library(directory)))
+    return _library(directory)
+
+
+def load_built(arch_list: str | None = None) -> Path:
+    """Load the cached build made by :func:`build_and_load` for this install; its path. Never compiles.
+
+    Raises :class:`JitUnavailable` when there is none, naming the command that makes it.
+    """
+    directory = _build_directory(arch_list)[0]
+    if not _complete(directory).exists():
+        raise JitUnavailable(f"no build of it for this install in {cache_root()}: run {BUILD_COMMAND} (a few "
+                             "minutes, once; needs nvcc and ninja), or install with pip install "
+                             "--no-build-isolation .")
+    return _load(directory)
+
+
+def build_and_load(arch_list: str | None = None, report=logger.warning) -> Path:
     """Compile the extension into the cache unless it is there, load it; its path.
 
-    Raises :class:`JitUnavailable` saying why when it cannot (turned off, no
+    ``report`` gets a line when a compile starts and one when it ends, with
+    its time. Raises :class:`JitUnavailable` saying why when it cannot (no
     sources, nvcc or ninja missing, the compiler failed: the message ends
     with the build log's tail and its path).
     """
-    if os.environ.get(JIT_ENV, "").strip() == "0":
-        raise JitUnavailable(f"{JIT_ENV}=0: compiling on first use is turned off")
-    csrc = _cuda_build.source_dir(Path(__file__).resolve().parent)
-    if csrc is None:
-        raise JitUnavailable("the CUDA sources are not installed (specdec_kernels/_csrc is missing)")
-    cuda_home = _cuda_build.find_cuda_home()
-    if cuda_home is None:
-        raise JitUnavailable("nvcc was not found to compile it on first use (install a CUDA toolkit or set CUDA_HOME)")
-    ninja = _cuda_build.find_ninja()
+    directory, csrc, cuda_home, ninja, arch_list = _build_directory(arch_list)
     if ninja is None:
-        raise JitUnavailable("ninja was not found to compile it on first use (pip install ninja)")
-    arch_list = arch_list or gpu_arch_list()
-    directory = cache_root() / f"cuda-{build_key(csrc, cuda_home, arch_list)[:24]}"
-    library = directory / "torch" / f"{LIBRARY_NAME}.so"
-    done = directory / "complete"  # written after a build that loaded: a crashed build is redone
+        raise JitUnavailable(f"ninja was not found to build it (pip install ninja, then run {BUILD_COMMAND})")
     directory.mkdir(parents=True, exist_ok=True)
     with _locked(directory.with_suffix(".lock")):
-        if not done.exists():
+        if not _complete(directory).exists():
+            start = time.perf_counter()
+            report(f"specdec_kernels: compiling the CUDA extension (TORCH_CUDA_ARCH_LIST={arch_list}, "
+                   f"MAX_JOBS={os.environ.get('MAX_JOBS', 'all cores')}) into {directory}; this takes minutes once")
             _build(csrc, directory, cuda_home, arch_list, ninja)
-            done.write_text(str(library) + "\n")
-            return library
-    import torch
-
-    torch.ops.load_library(str(library))
-    return library
+            _complete(directory).write_text(str(_library(directory)) + "\n")
+            report(f"specdec_kernels: the CUDA extension is compiled and loaded in "
+                   f"{time.perf_counter() - start:.0f} s ({_library(directory)})")
+            return _library(directory)
+    return _load(directory)
 
 
 def _build(csrc: Path, directory: Path, cuda_home: Path, arch_list: str, ninja: list[str]) -> None:
@@ -118,8 +157,6 @@ def _build(csrc: Path, directory: Path, cuda_home: Path, arch_list: str, ninja: 
     from torch.utils import cpp_extension
 
     log_path = directory / "build.log"
-    logger.warning("specdec_kernels: compiling the CUDA extension for first use (TORCH_CUDA_ARCH_LIST=%s) into %s; "
-                   "this takes a few minutes once, later runs reuse it", arch_list, directory)
     with log_path.open("w") as log:
         try:
             objects = _cuda_build.compile_cuda(csrc, directory / "nvcc", cuda_home, arch_list, ninja, log=log)
@@ -139,7 +176,6 @@ def _build(csrc: Path, directory: Path, cuda_home: Path, arch_list: str, ninja: 
     except Exception as error:  # the compiler's or the loader's error: report it, never fall over
         raise JitUnavailable(f"building or loading {directory / 'torch'} failed: {type(error).__name__}: "
                              f"{_last_lines(str(error))}") from None
-    logger.warning("specdec_kernels: the CUDA extension is compiled and loaded (%s)", directory)
 
 
 @contextlib.contextmanager
