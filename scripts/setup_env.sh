@@ -9,8 +9,16 @@ venv="${SPECDEC_VENV:-$repo_root/.venv}"
 export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 echo "== venv at $venv =="
+# Remade from scratch each time, but only a venv this script made (it leaves a marker): a user's own
+# environment at that path is never deleted.
+marker="$venv/.made-by-specdec-setup-env"
+if [ -e "$venv" ] && [ ! -e "$marker" ]; then
+    echo "FAILED: $venv exists and was not made by scripts/setup_env.sh; move it, or set SPECDEC_VENV to another path" >&2
+    exit 1
+fi
 rm -rf "$venv"
 python3.11 -m venv "$venv"
+touch "$marker"
 # shellcheck disable=SC1091
 source "$venv/bin/activate"
 # torch first, pinned: the CPU wheel lies on local disk; a bare `torch`
