@@ -2,8 +2,8 @@
 
 ``import specdec_kernels as sk``; the ops are ``sk.chain_verify``,
 ``sk.chain_verify_packed``, ``sk.tree_verify``, ``sk.build_tree``,
-``sk.tree_attention`` and ``sk.compact_kv`` (contract: docs/ and the
-README), also registered as ``torch.ops.specdec.<name>``. Engines' own
+``sk.tree_attention`` and ``sk.compact_kv`` (the API: docs/api.md),
+also registered as ``torch.ops.specdec.<name>``. Engines' own
 layouts: ``sk.adapters`` (``sk.adapters.sglang.eagle_tree_verify``).
 """
 

@@ -1,4 +1,4 @@
-"""Faults with a defined outcome (contract v1.3): a bounded wait that gives up fails its request, leaves no state.
+"""Faults with a defined outcome (docs/api.md): a bounded wait that gives up fails its request, leaves no state.
 
 The waits of the staged and two-wave chain plans and of the tree split plan
 never hang by design; here a test switch (``_faults.forced_give_up``) makes

@@ -1,6 +1,6 @@
 """Top-k, top-p and min-p truncation of target rows: the definition every kernel matches.
 
-The contract (v1.2): after temperature, keep the ``top_k`` largest
+The rule (docs/api.md): after temperature, keep the ``top_k`` largest
 probabilities, then the smallest set of largest probabilities whose mass
 reaches ``top_p`` (of what top-k kept), then drop tokens below ``min_p``
 times the row's maximum; ties at a threshold are kept; renormalise.
