@@ -180,6 +180,8 @@ def triton_function(family: str, shape: tuple, workdir: str) -> tuple[str, sass.
             setattr(aot, key, value)
     capability = aot.TARGETS[0][0]  # 90: sm_90a
     source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    if callable(options):  # aot.py's per-target options (tree_attention_variants)
+        options = options(capability)
     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
     path = os.path.join(workdir, re.sub(r"\W+", "_", name) + ".cubin")
     with open(path, "wb") as handle:
