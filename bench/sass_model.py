@@ -31,9 +31,9 @@ A selector per target then picks the loop:
   fewest instructions (on the path, the scan is preferred over a reduction);
 * ``walk``: build_tree's parent walk: the load bytes closest to one parent;
 * ``mma``: tree attention's key-tile loop: the most matrix FLOPs, then the
-  fewest instructions (the prefix loop, which reads no mask words); its path
-  takes the most load bytes (the 16-byte cp.async copies, not the element-wise
-  fallback for unaligned caches).
+  fewest instructions (the prefix loop, which reads no mask words); the CUDA
+  kernel read is the instantiation for aligned heads, whose copies are all
+  16-byte cp.async (the element-wise one is for unaligned views).
 
 The chosen loop (head and back-edge addresses) and the other loops the
 selector could take are printed, to be checked against ``cuobjdump -sass``.
@@ -180,6 +180,8 @@ def triton_function(family: str, shape: tuple, workdir: str) -> tuple[str, sass.
             setattr(aot, key, value)
     capability = aot.TARGETS[0][0]  # 90: sm_90a
     source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    if callable(options):  # aot.py's per-target options (tree_attention_variants)
+        options = options(capability)
     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
     path = os.path.join(workdir, re.sub(r"\W+", "_", name) + ".cubin")
     with open(path, "wb") as handle:
@@ -419,17 +421,16 @@ def attention_cases(workdir: str, extension, batches=(1, 8)) -> list[Case]:
                           launches=launches, stream_bases=("LDGSTS",),
                           flops=flops, goal=">= 60% of 788 TFLOP/s", meets=meets))
         if extension:
-            cuda = cuda_function(extension, "tree_attention", "tree_attention_mma_kernelINS_8BFloat16ELi128E",
+            # Lb1E: the instantiation that copies Q, K and V 16 bytes at a time (contiguous, aligned heads).
+            cuda = cuda_function(extension, "tree_attention", "tree_attention_mma_kernelINS_8BFloat16ELi128ELb1E",
                                  workdir)
             # csrc/tree_attention.cu: 16 rows per warp, ~2 blocks per SM, splits of at least 512 keys, at most 64.
             rows = cuda.threads // 32 * 16
             row_tiles = _cdiv(nodes * group, rows)
             splits = max(1, min(_cdiv(2 * SMS, batch * kv_heads * row_tiles), _cdiv(context, 512), 64))
-            # The K/V copy loop is nested in the key-tile loop: counted once per tile. ptxas peels its first
-            # iteration (2 of a thread's 4 16-byte copies) and unrolls the rest by two with an exit in the
-            # middle, so the path takes 6 copies where a tile needs 4 (an overcount of ~100 instructions).
-            nested_trips = 1
-            stats, _ = sass.hot_loop(cuda, "mma", None, nested_trips)
+            # The key-tile loop holds no nested loop: a thread's copies of a tile (2 of K and 2 of V at
+            # D = 128) have a constant count and are unrolled.
+            stats, _ = sass.hot_loop(cuda, "mma", None)
             key_tile = stats.mma_flops_per_warp * cuda.threads // 32 / (4 * rows * dim)  # keys per iteration
             keys = _cdiv(_cdiv(context, splits), int(key_tile)) + _cdiv(nodes, int(key_tile))
             launches = 2 if splits > 1 else 1
@@ -438,7 +439,7 @@ def attention_cases(workdir: str, extension, batches=(1, 8)) -> list[Case]:
                               key_tile * dim * 2,
                               "KV element", required, trips + [(1, "merge launch: partial states")] * (launches - 1),
                               "dram",
-                              None, launches=launches, nested_trips=nested_trips, stream_bases=("LDGSTS",),
+                              None, launches=launches, stream_bases=("LDGSTS",),
                               flops=flops, goal=">= 60% of 788 TFLOP/s", meets=meets))
     return cases
 

@@ -111,15 +111,31 @@ int64_t tile_rows(const TreeAttentionArgs& args, bool device, bool mma) {
   return mma ? HostWarpBlock::kWarps * 16 : simt_tile_rows<SimtHostBlock>(args.head_dim);
 }
 
-// Whether every head of `cache` is contiguous and starts on a 16-byte
-// boundary (`element_bytes` divides 16).
-bool heads_in_16_bytes(const StridedValues& cache, int64_t element_bytes) {
+// Whether every head of `values` (q or a cache) is contiguous and starts on
+// a 16-byte boundary (`element_bytes` divides 16).
+bool heads_in_16_bytes(const StridedValues& values, int64_t element_bytes) {
   const int64_t per_load = 16 / element_bytes;
-  return cache.stride[3] == 1 && cache.stride[0] % per_load == 0 && cache.stride[1] % per_load == 0 &&
-         cache.stride[2] % per_load == 0 && reinterpret_cast<uintptr_t>(cache.data) % 16 == 0;
+  return values.stride[3] == 1 && values.stride[0] % per_load == 0 && values.stride[1] % per_load == 0 &&
+         values.stride[2] % per_load == 0 && reinterpret_cast<uintptr_t>(values.data) % 16 == 0;
 }
 
 int64_t element_bytes(AttentionDtype dtype) { return dtype == AttentionDtype::kFloat32 ? 4 : 2; }
+
+// Whether the tensor-core program copies Q, K and V 16 bytes at a time
+// (its kLoads16Bytes instantiation): all three have contiguous, aligned heads.
+bool mma_loads_16_bytes(const TreeAttentionArgs& planned) {
+  return planned.cache_loads_16_bytes && heads_in_16_bytes(planned.q, element_bytes(planned.dtype));
+}
+
+// Calls body(std::bool_constant<value>{}).
+template <class Body>
+void with_bool(bool value, Body&& body) {
+  if (value) {
+    body(std::true_type{});
+  } else {
+    body(std::false_type{});
+  }
+}
 
 TreeAttentionArgs plan(const TreeAttentionArgs& args, bool device, bool mma) {
   TreeAttentionArgs planned = args;
@@ -211,11 +227,13 @@ cudaError_t launch_tree_attention(const TreeAttentionArgs& args, cudaStream_t st
     constexpr int kHeadDim = decltype(dim)::value;
     if constexpr (mma_supports<Value>(kHeadDim)) {
       if (mma) {
-        static std::atomic<uint64_t> opted_in_devices{0};
-        status = launch_with_merge<Value>(planned, tree_attention_detail::tree_attention_mma_kernel<Value, kHeadDim>,
-                                          DeviceWarpBlock::kWarps * kMmaWarpSize,
-                                          mma_shared_bytes<DeviceWarpBlock, Value, kHeadDim>(), opted_in_devices,
-                                          stream);
+        with_bool(mma_loads_16_bytes(planned), [&](auto wide) {
+          static std::atomic<uint64_t> opted_in_devices{0};
+          status = launch_with_merge<Value>(
+              planned, tree_attention_detail::tree_attention_mma_kernel<Value, kHeadDim, decltype(wide)::value>,
+              DeviceWarpBlock::kWarps * kMmaWarpSize, mma_shared_bytes<DeviceWarpBlock, Value, kHeadDim>(),
+              opted_in_devices, stream);
+        });
         return;
       }
     }
@@ -238,9 +256,11 @@ void tree_attention_host(const TreeAttentionArgs& args) {
     if constexpr (mma_supports<Value>(kHeadDim)) {
       // The emulated block's shared memory, reused block after block.
       std::vector<int64_t> tiles(static_cast<size_t>(cdiv(mma_shared_bytes<HostWarpBlock, Value, kHeadDim>(), 8)));
-      run_host_warp_blocks(blocks, [&](const HostWarpBlock& block, int64_t index) {
-        tree_attention_detail::tree_attention_mma_block<HostWarpBlock, Value, kHeadDim>(
-            block, planned, tiles.data(), index / planned.num_splits, index % planned.num_splits);
+      with_bool(mma_loads_16_bytes(planned), [&](auto wide) {
+        run_host_warp_blocks(blocks, [&](const HostWarpBlock& block, int64_t index) {
+          tree_attention_detail::tree_attention_mma_block<HostWarpBlock, Value, kHeadDim, decltype(wide)::value>(
+              block, planned, tiles.data(), index / planned.num_splits, index % planned.num_splits);
+        });
       });
     } else {
       std::vector<int64_t> tiles(static_cast<size_t>(cdiv(shared_bytes<SimtHostBlock, kHeadDim>(), 8)));

@@ -8,19 +8,23 @@
 // 128 rows on the GPU, as the Triton kernel's largest tile, so the cache is
 // streamed once per request and KV head when N * Hq / Hkv <= 128). A key
 // tile is 32 keys. Q, K and V are kept in shared memory in their 16-bit
-// dtype, rows padded by 16 bytes so that the fragment loads of a warp hit 32
-// distinct banks.
+// dtype, rows padded by 16 bytes so that the 8 rows of each ldmatrix matrix
+// hit 32 distinct banks.
 //
 // Pipeline. K and V have two buffers: while the warps fold tile t, the
-// copies of tile t + 1 are in flight (cp.async, 16 bytes each, when the
-// caches' heads are contiguous and aligned; element loads otherwise). Every
-// thread locates the keys it copies itself, so locating needs no barrier of
-// its own; two barriers a tile remain: one after the copies of tile t have
-// landed, one before its buffer is refilled.
+// copies of tile t + 1 are in flight. The query tile's copies join tile 0's
+// group, so Q waits on no round trip of its own. When Q and both caches
+// have contiguous, 16-byte aligned heads (the common case: the launcher
+// checks) every copy is a 16-byte cp.async; otherwise another
+// instantiation copies element by element, with the same data in shared
+// memory. Every thread locates the keys it copies itself, so locating needs
+// no barrier of its own; two barriers a tile remain: one after the copies
+// of tile t have landed, one before its buffer is refilled.
 //
 // Per key tile, each warp:
 //   1. S = Q K^T on tensor cores (warp_mma.cuh's m16n8k16: D / 16 k-steps
-//      by 4 key columns of 8), float32;
+//      by 4 key columns of 8), float32; per k-step one ldmatrix.x4 gives
+//      Q's A fragment and two give K's B fragments (two key columns each);
 //   2. masks S in registers (a key not stored, a dead row, an ancestor bit
 //      not set: -inf; prefix keys read no mask bit, a tree tile one ancestor
 //      word per row), takes the tile's row maxima over the 4 lanes that
@@ -30,13 +34,17 @@
 //   3. O = O * rescale + P V on tensor cores: the float32 fragments of S
 //      are exactly the A fragments P needs once rounded to the input dtype
 //      (as the Triton kernel's weights.to(v.dtype), and FlashAttention's),
-//      so P never goes through shared memory.
+//      so P never goes through shared memory; V's B fragments come two dim
+//      columns per ldmatrix.x4.trans.
 // The accumulators are D / 2 float32 registers per lane (64 at D = 128).
-// ptxas (CUDA 13.0, sm_80 / sm_90a): 177 / 181 registers at D = 128 and
-// 137 / 149 at D = 64 (with the one-launch merge), no spills, no stack; one block of 8 warps per SM
-// (70 KB of shared memory at D = 128, 37 KB at D = 64). Occupancy, tile
-// sizes, ldmatrix and shared-space (rather than generic) fragment loads are
-// not tuned: nothing has run on a GPU yet.
+// ptxas (CUDA 13.0, sm_80 / sm_90a, 16-byte copies): 228 / 178 registers
+// at D = 128 and 154 / 138 at D = 64 (the element-wise instantiation: 228 /
+// 182 and 154 / 138; with the one-launch merge), no spills, no stack; one
+// block of 8 warps per SM either way (70 KB of shared memory at D = 128, 37
+// KB at D = 64). Static model (bench/sass_model.py, sm_90a, bf16, D = 128):
+// 787 instructions a warp per 32-key tile, 64 of them HMMA (1326 before
+// ldmatrix and the cp.async Q). Occupancy and tile sizes are not tuned:
+// nothing has run on a GPU yet.
 //
 // Numerics: inputs and P are 16-bit, products exact, sums in float32; the
 // tensor cores' summation order is theirs, so the GPU and the host twin
@@ -60,6 +68,9 @@
 namespace specdec {
 namespace tree_attention_detail {
 
+// Elements of a 16-byte copy (the program's dtypes are 16-bit).
+constexpr int kSegment = 8;
+
 // Head dims and dtypes the tensor-core program takes (the rest: SIMT).
 template <class Value>
 constexpr bool mma_supports(int head_dim) {
@@ -70,7 +81,10 @@ template <class Block, int kHeadDim>
 struct MmaShape {
   static constexpr int kRows = Block::kWarps * 16;
   static constexpr int kKeys = 32;
-  static constexpr int kStride = kHeadDim + 8;  // elements: 16 bytes of padding per row
+  // Elements: 16 bytes of padding per row, so the 8 rows of an ldmatrix
+  // matrix (16 bytes each, 16-byte aligned) start 4 banks apart and hit all 32.
+  static constexpr int kStride = kHeadDim + 8;
+  static constexpr int kCopiesPerHead = kHeadDim / kSegment;  // 16-byte copies of a Q, K or V row
   static constexpr int kDepthSteps = kHeadDim / 16;  // k-steps of Q K^T
   static constexpr int kKeyColumns = kKeys / 8;      // n-tiles of Q K^T
   static constexpr int kKeySteps = kKeys / 16;       // k-steps of P V
@@ -110,13 +124,21 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t mma_shared_bytes() {
   return MmaTiles<Value>::bytes(Shape::kRows, Shape::kKeys, Shape::kStride);
 }
 
-// Elements `index` and `index + 1` of a 16-bit tile as one register (the
-// index is even and rows have an even stride, so the pair is 4-byte aligned).
-template <class Value>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE uint32_t load_pair(const Value* tile, int index) {
-  uint32_t pair;
-  memcpy(&pair, tile + index, sizeof(pair));
-  return pair;
+// Elements [0, kSegment) of a head, from `source` (element stride `stride`)
+// to 16-byte aligned shared memory at `destination`; zeros where !valid,
+// with nothing read (`source` must still be a valid address then). One
+// 16-byte asynchronous copy when kLoads16Bytes (the launcher checked unit
+// strides and alignment), else element by element, complete at once.
+template <bool kLoads16Bytes, class Value>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void copy_segment(Value* destination, const Value* source, int64_t stride,
+                                                          bool valid) {
+  static_assert(kSegment * sizeof(Value) == sizeof(Bytes16), "a segment is 16 bytes");
+  if constexpr (kLoads16Bytes) {
+    copy_16_bytes_async(destination, source, valid);
+  } else {
+    SPECDEC_UNROLL
+    for (int e = 0; e < kSegment; ++e) destination[e] = valid ? source[e * stride] : Value{0};
+  }
 }
 
 // The running softmax state of a warp's rows, per held lane: lane (g, t)
@@ -137,55 +159,84 @@ struct MmaRowStates {
 // The fragment row (0..15) of half `half` of lane `lane`.
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int fragment_row(int lane, int half) { return lane / 4 + 8 * half; }
 
-// Issues the loads of key tile `t` into `buffer`: 16-byte asynchronous
-// copies when the launcher allows them (contiguous, aligned heads), element
-// by element otherwise; each thread then commits its copies as one group.
-// Every thread locates the keys it loads itself (the block table is read
-// once per 16 bytes, from cache), so no barrier separates locating from
-// loading.
-template <class Block, class Value, int kHeadDim>
+// Issues the copies of the query tile, uncommitted: they join the first key
+// tile's group, so Q costs no wait of its own. Rows past the tree are zeros.
+// Thread i copies segment i % kCopiesPerHead of rows i / kCopiesPerHead +
+// j * kRowStep; it finds the first row's (node, head) by one division and
+// steps to the next by additions, so no copy waits on a division.
+template <class Block, class Value, int kHeadDim, bool kLoads16Bytes>
+SPECDEC_HOST_DEVICE void issue_query_tile(const Block& block, const TreeAttentionArgs& args,
+                                          const MmaTiles<Value>& tiles, const RowTile& tile) {
+  using Shape = MmaShape<Block, kHeadDim>;
+  constexpr int kThreads = Block::kWarps * kMmaWarpSize;
+  constexpr int kRowStep = kThreads / Shape::kCopiesPerHead;
+  static_assert(kRowStep * Shape::kCopiesPerHead == kThreads && Shape::kRows % kRowStep == 0,
+                "whole rows per step, whole steps per tile");
+  const Value* q = static_cast<const Value*>(args.q.data);
+  // kRowStep rows are node_step whole nodes and head_step more query heads
+  // (32-bit: a group wider than kRowStep steps by heads only).
+  const int node_step = tile.group > kRowStep ? 0 : kRowStep / static_cast<int>(tile.group);
+  const int64_t head_step = kRowStep - node_step * tile.group;
+  for (int h = 0; h < Block::kHeldLanes; ++h) {
+    const int thread = block.thread(h);
+    const int first_dim = thread % Shape::kCopiesPerHead * kSegment;
+    const int first_row = thread / Shape::kCopiesPerHead;
+    int64_t node = tile.node(first_row);
+    int64_t head = tile.first_row + first_row - node * tile.group;  // within the group
+    SPECDEC_UNROLL
+    for (int step = 0; step < Shape::kRows / kRowStep; ++step) {
+      const bool in_tree = node < args.max_nodes;
+      const Value* source = q + tile.request * args.q.stride[0] + node * args.q.stride[1] +
+                            (tile.kv_head * tile.group + head) * args.q.stride[2] + first_dim * args.q.stride[3];
+      copy_segment<kLoads16Bytes>(tiles.q + (first_row + step * kRowStep) * Shape::kStride + first_dim,
+                                  in_tree ? source : q, args.q.stride[3], in_tree);
+      node += node_step;
+      head += head_step;
+      if (head >= tile.group) {
+        head -= tile.group;
+        ++node;
+      }
+    }
+  }
+}
+
+// Issues the copies of key tile `t` into `buffer` (16 bytes each when
+// kLoads16Bytes), then commits each thread's copies as one group. Every
+// thread locates the keys it copies itself (the block table is read once
+// per segment, from cache), so no barrier separates locating from copying.
+template <class Block, class Value, int kHeadDim, bool kLoads16Bytes>
 SPECDEC_HOST_DEVICE void issue_key_tile(const Block& block, const TreeAttentionArgs& args,
                                         const MmaTiles<Value>& tiles, int buffer, const RowTile& tile,
                                         const KeyTiles& key_tiles, int64_t t) {
   using Shape = MmaShape<Block, kHeadDim>;
   constexpr int kThreads = Block::kWarps * kMmaWarpSize;
-  constexpr int kPerCopy = static_cast<int>(sizeof(Bytes16) / sizeof(Value));
-  constexpr int kCopiesPerHead = kHeadDim / kPerCopy;
+  constexpr int kCopies = Shape::kKeys * Shape::kCopiesPerHead;
+  static_assert(kCopies % kThreads == 0, "whole copies per thread: no loop exit to test");
   int64_t first_position, remaining;
   key_tiles.get(t, &first_position, &remaining);
   Value* keys = tiles.k(buffer);
   Value* values = tiles.v(buffer);
   int32_t* stored = tiles.stored(buffer);
   for (int h = 0; h < Block::kHeldLanes; ++h) {
-    if (args.cache_loads_16_bytes) {
-      for (int copy = block.thread(h); copy < Shape::kKeys * kCopiesPerHead; copy += kThreads) {
-        const int key = copy / kCopiesPerHead;
-        const int first_dim = (copy - key * kCopiesPerHead) * kPerCopy;
-        int64_t block_id, slot;
-        locate_key(args, tile.request, first_position, remaining, key, &block_id, &slot);
-        const bool found = block_id >= 0;
-        copy_16_bytes_async(keys + key * Shape::kStride + first_dim,
-                            found ? cache_element<Value>(args.k_cache, block_id, slot, tile.kv_head, first_dim)
-                                  : args.k_cache.data,
-                            found);
-        copy_16_bytes_async(values + key * Shape::kStride + first_dim,
-                            found ? cache_element<Value>(args.v_cache, block_id, slot, tile.kv_head, first_dim)
-                                  : args.v_cache.data,
-                            found);
-        if (first_dim == 0) stored[key] = found ? 1 : 0;
-      }
-    } else {
-      load_key_tile<Value, kHeadDim, 1>(
-          args,
-          [&](int key, int64_t* block_id, int64_t* slot) {
-            locate_key(args, tile.request, first_position, remaining, key, block_id, slot);
-          },
-          tile.kv_head, Shape::kKeys, block.thread(h), kThreads,
-          [&](int key, int first_dim, const Value (&k)[1], const Value (&v)[1], bool found) {
-            keys[key * Shape::kStride + first_dim] = found ? k[0] : Value{0};
-            values[key * Shape::kStride + first_dim] = found ? v[0] : Value{0};
-            if (first_dim == 0) stored[key] = found ? 1 : 0;
-          });
+    SPECDEC_UNROLL
+    for (int i = 0; i < kCopies / kThreads; ++i) {
+      const int copy = block.thread(h) + i * kThreads;
+      const int key = copy / Shape::kCopiesPerHead;
+      const int first_dim = (copy - key * Shape::kCopiesPerHead) * kSegment;
+      int64_t block_id, slot;
+      locate_key(args, tile.request, first_position, remaining, key, &block_id, &slot);
+      const bool found = block_id >= 0;
+      copy_segment<kLoads16Bytes>(
+          keys + key * Shape::kStride + first_dim,
+          found ? cache_element<Value>(args.k_cache, block_id, slot, tile.kv_head, first_dim)
+                : static_cast<const Value*>(args.k_cache.data),
+          args.k_cache.stride[3], found);
+      copy_segment<kLoads16Bytes>(
+          values + key * Shape::kStride + first_dim,
+          found ? cache_element<Value>(args.v_cache, block_id, slot, tile.kv_head, first_dim)
+                : static_cast<const Value*>(args.v_cache.data),
+          args.v_cache.stride[3], found);
+      if (first_dim == 0) stored[key] = found ? 1 : 0;
     }
   }
   async_copy_commit();
@@ -213,28 +264,34 @@ SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttenti
       for (int i = 0; i < 4; ++i) scores[c][h][i] = 0.0f;
     }
   }
+  // ldmatrix addresses: lane 8i + r gives row r of matrix i (warp_mma.cuh).
+  // Q's A fragment: matrices (rows 0-7, 8-15) x (dims 0-7, 8-15) of the
+  // warp's 16 rows and the step's 16 dims. K, stored key-major, gives the B
+  // fragments of key columns 2p and 2p + 1 in one load: matrices (dims 0-7,
+  // 8-15) x (keys 0-7, 8-15) of the pair's 16 keys.
+  const Value* queries = tiles.q + warp_row * Shape::kStride;
   SPECDEC_UNROLL
   for (int step = 0; step < Shape::kDepthSteps; ++step) {
     uint32_t a[kHeld][4];
-    for (int h = 0; h < kHeld; ++h) {
-      const int lane = block.held_lane(h);
-      const int column = step * 16 + 2 * (lane % 4);
-      const Value* row = tiles.q + (warp_row + lane / 4) * Shape::kStride + column;
-      a[h][0] = load_pair(row, 0);
-      a[h][1] = load_pair(row, 8 * Shape::kStride);
-      a[h][2] = load_pair(row, 8);
-      a[h][3] = load_pair(row, 8 * Shape::kStride + 8);
-    }
+    warp_load_matrices<false>(
+        block,
+        [&](int lane) { return queries + (lane % 8 + lane / 8 % 2 * 8) * Shape::kStride + step * 16 + lane / 16 * 8; },
+        a);
     SPECDEC_UNROLL
-    for (int c = 0; c < Shape::kKeyColumns; ++c) {
-      uint32_t b[kHeld][2];
-      for (int h = 0; h < kHeld; ++h) {
-        const int lane = block.held_lane(h);
-        const Value* key = keys + (8 * c + lane / 4) * Shape::kStride + step * 16 + 2 * (lane % 4);
-        b[h][0] = load_pair(key, 0);
-        b[h][1] = load_pair(key, 8);
+    for (int pair = 0; pair < Shape::kKeyColumns / 2; ++pair) {
+      uint32_t loaded[kHeld][4];
+      warp_load_matrices<false>(
+          block,
+          [&](int lane) {
+            return keys + (pair * 16 + lane / 16 * 8 + lane % 8) * Shape::kStride + step * 16 + lane / 8 % 2 * 8;
+          },
+          loaded);
+      SPECDEC_UNROLL
+      for (int n = 0; n < 2; ++n) {
+        uint32_t b[kHeld][2];
+        b_fragment_of(loaded, n, b);
+        warp_mma<Block, Value>(block, scores[2 * pair + n], a, b);
       }
-      warp_mma<Block, Value>(block, scores[c], a, b);
     }
   }
 
@@ -315,21 +372,33 @@ SPECDEC_HOST_DEVICE void fold_key_tile_mma(const Block& block, const TreeAttenti
       a[h][2] = pack_pair(from_float<Value>(high[0]), from_float<Value>(high[1]));
       a[h][3] = pack_pair(from_float<Value>(high[2]), from_float<Value>(high[3]));
     }
+    // V, stored key-major, is B with k along its rows: one transposing load
+    // gives dim columns 2p and 2p + 1, matrices (keys 0-7, 8-15) x (dims
+    // 0-7, 8-15) of the step's 16 keys and the pair's 16 dims.
     SPECDEC_UNROLL
-    for (int c = 0; c < Shape::kDimColumns; ++c) {
-      uint32_t b[kHeld][2];
-      for (int h = 0; h < kHeld; ++h) {
-        const int lane = block.held_lane(h);
-        const Value* value = values + (step * 16 + 2 * (lane % 4)) * Shape::kStride + 8 * c + lane / 4;
-        b[h][0] = pack_pair(value[0], value[Shape::kStride]);
-        b[h][1] = pack_pair(value[8 * Shape::kStride], value[9 * Shape::kStride]);
+    for (int pair = 0; pair < Shape::kDimColumns / 2; ++pair) {
+      uint32_t loaded[kHeld][4];
+      warp_load_matrices<true>(
+          block,
+          [&](int lane) {
+            return values + (step * 16 + lane / 8 % 2 * 8 + lane % 8) * Shape::kStride + pair * 16 + lane / 16 * 8;
+          },
+          loaded);
+      SPECDEC_UNROLL
+      for (int n = 0; n < 2; ++n) {
+        uint32_t b[kHeld][2];
+        b_fragment_of(loaded, n, b);
+        warp_mma<Block, Value>(block, state.acc[2 * pair + n], a, b);
       }
-      warp_mma<Block, Value>(block, state.acc[c], a, b);
     }
   }
 }
 
-template <class Block, class Value, int kHeadDim>
+// kLoads16Bytes: Q and both caches have unit-stride heads on 16-byte
+// boundaries (the launcher checks), so every copy is a 16-byte cp.async;
+// otherwise every copy is element by element. Two instantiations rather than
+// a branch per copy: the fast one holds no element-wise load at all.
+template <class Block, class Value, int kHeadDim, bool kLoads16Bytes>
 SPECDEC_HOST_DEVICE void tree_attention_mma_block(const Block& block, const TreeAttentionArgs& args,
                                                   void* shared_memory, int64_t program, int64_t split) {
   using Shape = MmaShape<Block, kHeadDim>;
@@ -338,20 +407,6 @@ SPECDEC_HOST_DEVICE void tree_attention_mma_block(const Block& block, const Tree
   const MmaTiles<Value> tiles = MmaTiles<Value>::carve(shared_memory, Shape::kRows, Shape::kKeys, Shape::kStride);
   const RowTile tile = row_tile_of(args, program, Shape::kRows);
   const int warp_row = block.warp() * 16;
-
-  // The query tile (read after the first key tile's barriers).
-  const Value* q = static_cast<const Value*>(args.q.data);
-  for (int h = 0; h < kHeld; ++h) {
-    for (int element = block.thread(h); element < Shape::kRows * kHeadDim; element += kThreads) {
-      const int row = element / kHeadDim;
-      const int dim = element - row * kHeadDim;
-      const int64_t node = tile.node(row);
-      tiles.q[row * Shape::kStride + dim] =
-          node < args.max_nodes ? q[tile.request * args.q.stride[0] + node * args.q.stride[1] +
-                                    tile.head(row) * args.q.stride[2] + dim * args.q.stride[3]]
-                                : Value{0};
-    }
-  }
 
   MmaRowStates<Block, kHeadDim> state;
   state.warp_live = tile.node(warp_row) < tile.live_nodes;
@@ -371,12 +426,16 @@ SPECDEC_HOST_DEVICE void tree_attention_mma_block(const Block& block, const Tree
 
   // Software pipeline over the key tiles: tile t + 1 is in flight while
   // tile t is folded, in the other buffer.
+  // The query tile travels in the first key tile's group.
   const KeyTiles key_tiles(args, tile, prefix_slice(args, tile, split, Shape::kKeys), split, Shape::kKeys);
-  if (key_tiles.count > 0) issue_key_tile<Block, Value, kHeadDim>(block, args, tiles, 0, tile, key_tiles, 0);
+  if (key_tiles.count > 0) {
+    issue_query_tile<Block, Value, kHeadDim, kLoads16Bytes>(block, args, tiles, tile);
+    issue_key_tile<Block, Value, kHeadDim, kLoads16Bytes>(block, args, tiles, 0, tile, key_tiles, 0);
+  }
   for (int64_t t = 0; t < key_tiles.count; ++t) {
     const int buffer = static_cast<int>(t & 1);
     if (t + 1 < key_tiles.count) {
-      issue_key_tile<Block, Value, kHeadDim>(block, args, tiles, buffer ^ 1, tile, key_tiles, t + 1);
+      issue_key_tile<Block, Value, kHeadDim, kLoads16Bytes>(block, args, tiles, buffer ^ 1, tile, key_tiles, t + 1);
       async_copy_wait<1>();  // this thread's copies of tile t are done
     } else {
       async_copy_wait<0>();
@@ -430,12 +489,12 @@ SPECDEC_HOST_DEVICE void tree_attention_mma_block(const Block& block, const Tree
 }
 
 #if defined(__CUDACC__)
-template <class Value, int kHeadDim>
+template <class Value, int kHeadDim, bool kLoads16Bytes>
 __global__ void __launch_bounds__(DeviceWarpBlock::kWarps * kMmaWarpSize, 1)
     tree_attention_mma_kernel(const TreeAttentionArgs args) {
   extern __shared__ __align__(16) unsigned char tree_attention_mma_tiles[];
   const DeviceWarpBlock block;
-  tree_attention_mma_block<DeviceWarpBlock, Value, kHeadDim>(block, args, tree_attention_mma_tiles,
+  tree_attention_mma_block<DeviceWarpBlock, Value, kHeadDim, kLoads16Bytes>(block, args, tree_attention_mma_tiles,
                                                              static_cast<int64_t>(blockIdx.x),
                                                              static_cast<int64_t>(blockIdx.y));
 }

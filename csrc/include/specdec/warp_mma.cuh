@@ -157,6 +157,66 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void warp_mma(const Block&, float (&d)[B
   }
 }
 
+// Loads four 8x8 matrices of 16-bit elements from shared memory into the
+// warp's fragments, as ldmatrix.sync.m8n8.x4 (sm_75 and later): lane 8i + r
+// gives row_address(8i + r), the 8 elements (16 bytes, 16-byte aligned) of
+// row r of matrix i. Lane (g, t) receives in fragments[..][i], of matrix i:
+// row g, columns 2t..2t+1 (kTransposed false), or rows 2t..2t+1 of column g
+// (true: ldmatrix .trans). So one load gives the A fragment of a row-major
+// 16x16 tile, and two B fragments of a tile stored with n along its rows
+// (false) or with k along its rows (true). On the host a loop over the
+// warp's lanes builds the same fragments.
+template <bool kTransposed, class Block, class RowAddress>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void warp_load_matrices(const Block& block, RowAddress&& row_address,
+                                                                uint32_t (&fragments)[Block::kHeldLanes][4]) {
+  if constexpr (Block::kHeldLanes == 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    const uint32_t row = static_cast<uint32_t>(__cvta_generic_to_shared(row_address(block.held_lane(0))));
+    uint32_t(&f)[4] = fragments[0];
+    // volatile: the same address holds new data after the next barrier.
+    if constexpr (kTransposed) {
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                   : "r"(row));
+    } else {
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                   : "r"(row));
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap();  // no ldmatrix before sm_75: the launcher never runs this there
+#endif
+  } else {
+    static_assert(Block::kHeldLanes == kMmaWarpSize, "a host block holds whole warps");
+    for (int lane = 0; lane < kMmaWarpSize; ++lane) {
+      const int g = lane / 4;
+      const int t = lane % 4;
+      for (int i = 0; i < 4; ++i) {
+        uint16_t low, high;
+        if constexpr (kTransposed) {
+          memcpy(&low, row_address(8 * i + 2 * t) + g, sizeof(low));
+          memcpy(&high, row_address(8 * i + 2 * t + 1) + g, sizeof(high));
+        } else {
+          memcpy(&low, row_address(8 * i + g) + 2 * t, sizeof(low));
+          memcpy(&high, row_address(8 * i + g) + 2 * t + 1, sizeof(high));
+        }
+        fragments[lane][i] = static_cast<uint32_t>(low) | (static_cast<uint32_t>(high) << 16);
+      }
+    }
+  }
+}
+
+// Matrices 2n and 2n + 1 of a four-matrix load as one B fragment (b[0],
+// b[1]): warp_load_matrices fills two mma B operands per load.
+template <int kHeld>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void b_fragment_of(const uint32_t (&loaded)[kHeld][4], int n,
+                                                           uint32_t (&b)[kHeld][2]) {
+  for (int h = 0; h < kHeld; ++h) {
+    b[h][0] = loaded[h][2 * n];
+    b[h][1] = loaded[h][2 * n + 1];
+  }
+}
+
 // Every lane gets combine() of the 4 lanes of its quad (lanes 4g..4g+3,
 // which hold the same fragment rows), by the same butterfly (xor 1, then
 // xor 2) on both sides, so the bits agree for commutative combines.
