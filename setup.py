@@ -47,8 +47,9 @@ def _notice(message: str) -> None:
     print(f"specdec_kernels setup: {message}", file=sys.stderr, flush=True)
 
 
-FIRST_USE = ("backend='auto' uses Triton until it is built; build it once after installing with "
-             "`python -m specdec_kernels build` (needs nvcc and ninja; minutes)")
+def _first_use(recipe) -> str:
+    return (f"backend='auto' uses Triton until it is built; build it once after installing with "
+            f"`{recipe.BUILD_COMMAND}` (needs nvcc and ninja; minutes)")
 
 
 def _cuda_extension_plan() -> tuple[list, dict]:
@@ -56,10 +57,10 @@ def _cuda_extension_plan() -> tuple[list, dict]:
     mode = os.environ.get("SPECDEC_BUILD_CUDA", "").strip()
     if mode not in ("", "0", "1"):
         raise ValueError(f"SPECDEC_BUILD_CUDA must be 0 or 1, got {mode!r}")
-    if mode == "0":
-        _notice("SPECDEC_BUILD_CUDA=0: not building the CUDA extension now; " + FIRST_USE)
-        return [], {}
     recipe = _load_recipe()
+    if mode == "0":
+        _notice("SPECDEC_BUILD_CUDA=0: not building the CUDA extension now; " + _first_use(recipe))
+        return [], {}
     cuda_home = recipe.find_cuda_home()
     ninja = recipe.find_ninja()
     missing = "nvcc was not found (set CUDA_HOME)" if cuda_home is None else \
@@ -73,7 +74,7 @@ def _cuda_extension_plan() -> tuple[list, dict]:
     if missing is not None:
         if mode == "1":
             raise RuntimeError(f"SPECDEC_BUILD_CUDA=1 but {missing}")
-        _notice(f"not building the CUDA extension: {missing}; {FIRST_USE}")
+        _notice(f"not building the CUDA extension: {missing}; {_first_use(recipe)}")
         return [], {}
 
     arch_list = recipe.arch_list()

@@ -7,11 +7,9 @@ also registered as ``torch.ops.specdec.<name>``. Engines' own
 layouts: ``sk.adapters`` (``sk.adapters.sglang.eagle_tree_verify``).
 """
 
-from pathlib import Path as _Path
-
 from . import _checkout
 
-_checkout.install(_Path(__file__).resolve().parent)  # before any import of the kernels (see _checkout.py)
+_checkout.install()  # before any import of the kernels (see _checkout.py)
 
 from . import adapters  # noqa: E402
 from ._extension import cuda_extension_available

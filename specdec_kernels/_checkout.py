@@ -75,8 +75,9 @@ class CheckoutFinder:
         return None
 
 
-def install(package_dir: Path) -> None:
-    """Put a :class:`CheckoutFinder` first on ``sys.meta_path`` when ``package_dir`` is a checkout's."""
+def install() -> None:
+    """Put a :class:`CheckoutFinder` first on ``sys.meta_path`` when this package is a checkout's."""
+    package_dir = Path(__file__).resolve().parent
     root = checkout_root(package_dir)
     if root is not None and not any(isinstance(finder, CheckoutFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, CheckoutFinder(package_dir, root))

@@ -31,6 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+# The command that builds the extension after an install that did not (_jit.py); every message names it.
+BUILD_COMMAND = "python -m specdec_kernels build"
 DEFAULT_ARCH_LIST = "8.0;9.0a"
 # Host code (rng_fill_host etc.) must round like the device code: no
 # contraction of a * b + c into an FMA.

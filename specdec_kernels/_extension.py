@@ -24,7 +24,9 @@ REBUILD = "rebuild it for this torch: pip install --no-build-isolation . from th
 
 
 def not_built_reason() -> str:
-    return (f"{EXTENSION_MODULE} is not built: run python -m specdec_kernels build (needs nvcc and ninja), or "
+    from ._cuda_build import BUILD_COMMAND
+
+    return (f"{EXTENSION_MODULE} is not built: run {BUILD_COMMAND} (needs nvcc and ninja), or "
             "install with pip install --no-build-isolation . (setup.py builds it when nvcc and ninja are found "
             "and SPECDEC_BUILD_CUDA is not 0)")
 
@@ -78,8 +80,8 @@ def ensure_loaded() -> str | None:
             except Exception as error:  # JitUnavailable, or the loader's error on a cached build
                 _cached["error"] = str(error)
                 logging.getLogger("specdec_kernels").warning(
-                    "specdec_kernels: no CUDA extension, so backend='auto' uses Triton (build it with "
-                    "python -m specdec_kernels build): %s", error)
+                    "specdec_kernels: no CUDA extension, so backend='auto' uses Triton (build it with %s): %s",
+                    _jit.BUILD_COMMAND, error)
     return _load()
 
 

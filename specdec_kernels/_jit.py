@@ -42,7 +42,7 @@ _LOG_TAIL_LINES = 30
 logger = logging.getLogger("specdec_kernels")
 
 
-BUILD_COMMAND = "python -m specdec_kernels build"
+BUILD_COMMAND = _cuda_build.BUILD_COMMAND
 
 
 class JitUnavailable(RuntimeError):
