@@ -14,6 +14,13 @@ import triton.language as tl
 from .sampling import chunk_draw, chunk_pick, fixed_point, row_probabilities, softmax_weight
 from .truncation_measures import truncated_probability
 
+# The sampler's pass is software-pipelined: the loads of the next LOAD_STAGES - 1 chunks are issued (cp.async
+# into shared memory) while a chunk is reduced. Without it each iteration waits out its own DRAM latency, and
+# at B >= 64 a program's serial chain of tiles, not bandwidth, bounds the kernel (bench/results/sass_model.md:
+# predicted 25% -> 38% of copy bandwidth at B = 64, 44% -> 70% at B = 512). Arithmetic is unchanged: the same
+# bits, so the interpreter, which ignores it, tests the same program.
+LOAD_STAGES = tl.constexpr(3)
+
 
 @triton.jit
 def row_pointers(base_ptr, requests, stride_request, position, stride_position):
@@ -59,7 +66,8 @@ def sample_slice(
     draft_row = row_at(draft_rows, stop, stride_draft_k)[:, None]
     slot = requests.to(tl.int64) * num_chunks
     subtracting = subtract[:, None]
-    for chunk in range(chunk_lo, chunk_hi):
+    # Not with TRUNCATE: its kernels sit at the register cap, and the stages' buffers' addresses spill them.
+    for chunk in tl.range(chunk_lo, chunk_hi, num_stages=1 if TRUNCATE else LOAD_STAGES):
         index = chunk * BLOCK_V + vocab
         mask = sampled[:, None] & (index < vocab_size)
         p = row_probabilities(target_row, index, mask, stop_max[:, None], stop_inverse_norm[:, None],
