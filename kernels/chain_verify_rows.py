@@ -165,16 +165,19 @@ def inverse_norm(row_sum):
 
 @triton.jit
 def request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE: tl.constexpr, ROWS: tl.constexpr):
-    """``(greedy, sampled, 1 / T)`` of the requests: greedy is ``T == 0``, which samples with ``T = 1``.
+    """``(greedy, sampled, 1 / T)`` of the requests, the contract's rule for every op (v1.3).
 
+    ``T > 0`` samples; any other value (``0``, a negative marker such as
+    vLLM's ``-1``, NaN) is greedy and uses ``T = 1``; no temperatures is
+    ``T = 1`` for all (``reference/_sampling.greedy_requests``).
     div_rn: ``/`` is approximate on GPUs, and ``T = inf`` must give ``1 / T = 0`` exactly.
     """
     if HAS_TEMPERATURE:
         temperature = tl.load(temperature_ptr + requests, mask=active, other=1.0)
     else:
         temperature = tl.full((ROWS,), 1.0, tl.float32)
-    greedy = active & (temperature == 0.0)
-    sampled = active & (temperature != 0.0)
-    inverse_temperature = tl.math.div_rn(tl.full((ROWS,), 1.0, tl.float32),
-                                         tl.where(temperature > 0.0, temperature, 1.0))
+    samples = temperature > 0.0  # false for NaN
+    greedy = active & ~samples
+    sampled = active & samples
+    inverse_temperature = tl.math.div_rn(tl.full((ROWS,), 1.0, tl.float32), tl.where(samples, temperature, 1.0))
     return greedy, sampled, inverse_temperature

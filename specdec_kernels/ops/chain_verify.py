@@ -49,9 +49,11 @@ def chain_verify(
     num_draft_tokens : Tensor, int32 or int64, optional
         Drafts per request, ``0 <= n_b <= K``; default ``K``.
     temperature : Tensor, float32, or a real number, optional
-        Per-request temperature, or one Python or numpy number for the batch;
-        ``0`` makes a request greedy. With ``logits=True`` the distributions
-        are ``softmax(x / T_b)``.
+        Per-request temperature, or one Python or numpy number for the batch.
+        ``T_b > 0`` samples; any other value (``0``, a negative marker such as
+        vLLM's ``-1``, NaN in a tensor) makes request ``b`` greedy; ``None``
+        is ``T = 1`` for all; a Python NaN raises ``ValueError``. With
+        ``logits=True`` the distributions are ``softmax(x / T_b)``.
     logits : bool
         ``target``/``draft`` hold logits.
     seed : None, int or Tensor

@@ -51,7 +51,7 @@ def tree_verify(
     * child ``c`` with a valid token ``t`` is accepted iff
       ``u_c * q(t) < p(t)`` (``u_c`` from the acceptance stream at position
       ``c``; ``q`` one-hot on ``t`` when ``draft`` is None); greedy requests
-      (``T_b == 0``) accept iff ``t`` is the argmax of the raw target row of
+      (``T_b`` not ``> 0``) accept iff ``t`` is the argmax of the raw target row of
       the current node. On acceptance ``c`` becomes the current node and
       ``p``, ``q`` become its rows;
     * a rejection sets ``p = normalise(max(0, p - q))`` (``normalise(p)``

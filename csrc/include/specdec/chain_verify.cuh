@@ -23,7 +23,7 @@
 // The last block of the request to arrive chooses the chunk among all chunk
 // totals with a block-wide 128-bit scan (chain_verify_finish.cuh).
 //
-// Greedy requests (T == 0). With one split, the block walks the rows in
+// Greedy requests (T not > 0). With one split, the block walks the rows in
 // order and stops at the first draft that is not the argmax: it reads only
 // rows 0..j. With several, every block records its slice's argmax of rows
 // 0..n (n = num_draft_tokens[b]) and the last arrival decides.

@@ -326,9 +326,9 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   request.draft =
       args.draft == nullptr ? nullptr : static_cast<const Prob*>(args.draft) + rows.first_draft * args.draft_stride_b;
   request.draft_stride = args.draft_stride_k;
-  const float temperature = args.temperature == nullptr ? 1.0f : args.temperature[b];
-  request.greedy = temperature == 0.0f;
-  request.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
+  const RequestTemperature temperature = request_temperature(args.temperature, b);
+  request.greedy = temperature.greedy;
+  request.temperature = temperature.temperature;
   const int64_t num_drafts = rows.num_drafts;
   request.num_drafts = num_drafts;
   request.vocab_size = args.vocab_size;

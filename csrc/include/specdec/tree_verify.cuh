@@ -15,7 +15,7 @@
 //
 // Acceptance (sampled requests): u * q(t) < p(t) in float32, u from the
 // acceptance stream at position = child, q one-hot without a draft; greedy
-// requests (T == 0) accept t iff it is the argmax of the current node's raw
+// requests (T not > 0) accept t iff it is the argmax of the current node's raw
 // target row. On acceptance p and q become the child's input rows.
 //
 // One vocabulary pass per rejection, applied lazily (the design of the
@@ -554,8 +554,8 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
 
   const Prob* target = static_cast<const Prob*>(args.target) + b * args.target_stride_b;
   const Prob* draft = args.draft == nullptr ? nullptr : static_cast<const Prob*>(args.draft) + b * args.draft_stride_b;
-  const float temperature = args.temperature == nullptr ? 1.0f : args.temperature[b];
-  const bool greedy = temperature == 0.0f;
+  const RequestTemperature temperature = request_temperature(args.temperature, b);
+  const bool greedy = temperature.greedy;
 
   int64_t* request_words = args.workspace + b * tree_verify_request_words(vocab_size);
   const ChunkSlots slots = {request_words};
@@ -568,7 +568,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   walk.has_draft = draft != nullptr;
   walk.remove_drawn = draft != nullptr && args.without_replacement;
   walk.logits = args.logits;
-  walk.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
+  walk.temperature = temperature.temperature;
   walk.vocab_size = vocab_size;
   SplitPlan plan = {nullptr, {nullptr, false}, 1, 0, 0};
   if (kSplit) {
