@@ -205,21 +205,22 @@ class Checker:
                 TypeError,
             )
 
-    def sampling_values(self, temperature, logits: bool, distributions: dict) -> None:
+    def sampling_values(self, temperature, logits: bool, target, draft) -> None:
         """``validate=True`` checks of values (synchronises): temperatures and distributions.
 
         Temperatures must not be ``+inf`` (``0``, negatives and NaN are the
         contract's greedy markers, not errors). Probabilities must be finite
         and ``>= 0``; logits must not be NaN or ``+inf`` (``-inf`` masks a
-        token). Without ``validate`` such values have the outcomes written in
+        token). ``logits`` covers ``target`` only: ``draft`` (or None) is
+        always probabilities (v1.3). Without ``validate`` such values have the outcomes written in
         ``docs/rng.md``.
         """
         if temperature is not None and bool((temperature == float("inf")).any()):
             self.fail("`temperature` must not be +inf (T > 0 samples; 0, a negative value or NaN means greedy)")
-        for name, values in distributions.items():
+        for name, values, as_logits in (("target", target, logits), ("draft", draft, False)):
             if values is None:
                 continue
-            if logits:
+            if as_logits:
                 bad = torch.isnan(values) | (values == float("inf"))
                 rule = "logits must not be NaN or +inf"
             else:

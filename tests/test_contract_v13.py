@@ -115,3 +115,24 @@ def test_validate_accepts_greedy_markers(op):
     with pytest.raises(ValueError, match=r"`temperature` must not be \+inf"):
         getattr(sk, op)(**inputs, temperature=on_device([float("inf")] + [1.0] * 5), validate=True,
                         backend="reference")
+
+
+# ----------------------------------------------------------------------------- 2. logits covers the target only
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_logits_cover_the_target_only(op, backend):
+    """With ``logits=True`` the draft is still read as probabilities: the outputs with the target as logits
+    equal those with its softmax given as probabilities, the same draft rows in both (greedy and sampled
+    requests; logits agree with the reference bit for bit on these rows: see the one-hot-like targets)."""
+    inputs = case(op, seed=4)
+    # A target whose softmax is exact in float32 on every backend: log of powers of two, so that the logits
+    # call and the probabilities call see the same target, and any difference is the draft's reading.
+    target = inputs["target"]
+    exponents = torch.randint(-6, 1, target.shape, generator=torch.Generator().manual_seed(5)).to(target.device)
+    powers = torch.pow(2.0, exponents.float())
+    probabilities = powers / powers.sum(-1, keepdim=True)
+    temperature = on_device([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    want = run(op, "reference", {**inputs, "target": probabilities}, temperature=temperature, seed=7)
+    got = run(op, backend, {**inputs, "target": probabilities.log()}, logits=True, temperature=temperature, seed=7)
+    assert_equal(got, want, op)
