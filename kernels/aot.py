@@ -176,7 +176,7 @@ def chain_verify_variants():
             "offset_ptr": "*i64", "offset_low": "i32", "offset_high": "i32",
             "output_ptr": "*i32", "num_accepted_ptr": "*i32",
             "chunk_total_ptr": "*i64", "chunk_pick_ptr": "*i32", "stat_max_ptr": "*fp32", "stat_arg_ptr": "*i32",
-            "stat_sum_ptr": "*fp32", "stat_dmax_ptr": "*fp32", "stat_dsum_ptr": "*fp32",
+            "stat_sum_ptr": "*fp32",
             "tickets_ptr": "*i32", "wave1_arrivals_ptr": "*i32", "arrivals_ptr": "*i32",
             "failed_ptr": "*i32", "stages_ptr": "*i64", "errors_ptr": "*i32", "fault_role": "i32",
             "batch_size": "i32", "max_drafts": "i32", "num_tokens": "i32", "vocab_size": "i32", "num_chunks": "i32",

@@ -116,17 +116,16 @@ def _walk_rows(
     so the rows read are exactly ``0..j`` (target) and ``0..min(j, n_b - 1)``
     (draft, sampled requests). Each target row read gets the statistics the
     acceptance test needs: softmax ``(max, 1 / sum)`` with logits, the
-    truncation threshold and reciprocal where ``truncating``. Returns the
-    stop position, the stop row's target and draft statistics and
-    truncation, and the greedy requests' token.
+    truncation threshold and reciprocal where ``truncating`` (draft rows are
+    probabilities, v1.3: they need none). Returns the stop position, the
+    stop row's target statistics and truncation, and the greedy requests'
+    token.
     """
     positions = tl.arange(0, BLOCK_K1)[None, :]
     going = active
     stop = num_drafts
     stop_max = tl.zeros((ROWS,), tl.float32)
     stop_inverse_norm = tl.zeros((ROWS,), tl.float32)
-    stop_dmax = tl.zeros((ROWS,), tl.float32)
-    stop_dinverse_norm = tl.zeros((ROWS,), tl.float32)
     stop_threshold = tl.zeros((ROWS,), tl.int32)
     stop_reciprocal = tl.zeros((ROWS,), tl.float64)
     greedy_token = tl.full((ROWS,), -1, tl.int32)
@@ -136,12 +135,9 @@ def _walk_rows(
         drafted = going & (position < num_drafts) & (tl.max((here & valid).to(tl.int32), axis=1) > 0)
         target_row = row_at(target_rows, position, stride_target_k)
         draft_row = row_at(draft_rows, position, stride_draft_k)
-        row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
-            target_row[:, None], draft_row[:, None], going[:, None],
-            (going & sampled & (position < num_drafts))[:, None],
-            inverse_temperature, 0, vocab_size, LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
+        row_max, row_arg, row_sum = row_statistics(target_row[:, None], going[:, None], inverse_temperature, 0,
+                                                   vocab_size, LOGITS, ROWS, BLOCK_V)
         row_inverse_norm = inverse_norm(row_sum)
-        dinverse_norm = inverse_norm(drow_sum)
         gather = drafted & sampled
         p = row_probabilities(target_row, token, gather, row_max, row_inverse_norm, inverse_temperature, LOGITS)
         threshold = stop_threshold
@@ -155,7 +151,7 @@ def _walk_rows(
                     LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
                 p = truncated_probability(p, threshold, reciprocal, truncating != 0)
         if HAS_DRAFT:
-            q = row_probabilities(draft_row, token, gather, drow_max, dinverse_norm, inverse_temperature, LOGITS)
+            q = tl.load(draft_row + token, mask=gather, other=0.0).to(tl.float32)
         else:
             q = tl.full((ROWS,), 1.0, tl.float32)
         w0, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, requests * 0 + position, requests * 0)
@@ -165,14 +161,11 @@ def _walk_rows(
         stop = tl.where(stopping, position, stop)
         stop_max = tl.where(stopping, row_max, stop_max)
         stop_inverse_norm = tl.where(stopping, row_inverse_norm, stop_inverse_norm)
-        stop_dmax = tl.where(stopping, drow_max, stop_dmax)
-        stop_dinverse_norm = tl.where(stopping, dinverse_norm, stop_dinverse_norm)
         stop_threshold = tl.where(stopping, threshold, stop_threshold)
         stop_reciprocal = tl.where(stopping, reciprocal, stop_reciprocal)
         greedy_token = tl.where(stopping, greedy_arg, greedy_token)
         going = going & accepted
-    return (stop, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm, stop_threshold, stop_reciprocal,
-            greedy_token)
+    return stop, stop_max, stop_inverse_norm, stop_threshold, stop_reciprocal, greedy_token
 
 
 @triton.jit
@@ -279,7 +272,7 @@ def _chain_verify_kernel(
     # workspace: chunk results [B, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters; the row blocks' failure
     # flags (nonzero once a wait gave up). The device's fault counters (specdec_kernels/_faults.py) and the role
     # whose first wait gives up (tests; -1: none)
-    chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
+    chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr,
     tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, failed_ptr, stages_ptr, errors_ptr, fault_role,
     batch_size, max_drafts, num_tokens, vocab_size, num_chunks, num_splits, chunks_per_split,
     # Row strides stay specialised (Triton keys only on "== 1" and "% 16"), so a
@@ -332,8 +325,7 @@ def _chain_verify_kernel(
                                                              BLOCK_K1)
         k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                      requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
-        (stop, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm, stop_threshold, stop_reciprocal,
-         greedy_token) = _walk_rows(
+        stop, stop_max, stop_inverse_norm, stop_threshold, stop_reciprocal, greedy_token = _walk_rows(
             target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, valid, safe_ids,
             inverse_temperature, k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
             truncating, top_k, top_p, min_p, k_on, p_on, min_p_on,
@@ -346,9 +338,8 @@ def _chain_verify_kernel(
             sample_slice(
                 target_rows, draft_rows, chunk_total_ptr, chunk_pick_ptr,
                 requests, sampling, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
-                stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm,
-                inverse_temperature, k0, k1, c2, c3, num_chunks, 0, num_chunks, vocab_size,
-                stride_target_k, stride_draft_k, stop_threshold, stop_reciprocal, truncating,
+                stop_max, stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, 0, num_chunks,
+                vocab_size, stride_target_k, stride_draft_k, stop_threshold, stop_reciprocal, truncating,
                 LOGITS, HAS_DRAFT, TRUNCATE, BLOCK_V,
             )
         tl.debug_barrier()  # the chunk results this program wrote, visible to all its threads
@@ -366,10 +357,9 @@ def _chain_verify_kernel(
             publishes = False
         if publishes:
             scan_statistics(
-                target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-                requests, active, active, sampled, num_drafts, inverse_temperature,
-                split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
-                LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
+                target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, active, num_drafts,
+                inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
+                LOGITS, ROWS, BLOCK_K1, BLOCK_V,
             )
             tl.debug_barrier()
             tl.atomic_add(wave1_arrivals_ptr + row_block, 1, sem="release")
@@ -377,18 +367,16 @@ def _chain_verify_kernel(
             records = request_records(stages_ptr, row_block, BLOCK_K1)  # used by STAGED only
             if LOGITS and STAGED:
                 staged_statistics(
-                    records, target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr,
-                    stat_dsum_ptr, requests, active, sampled, num_drafts, inverse_temperature, num_chunks,
-                    chunks_per_split, num_splits, max_drafts, vocab_size, stride_target_k, stride_draft_k,
-                    failed_ptr, give_up, LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V)
+                    records, target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, num_drafts,
+                    inverse_temperature, num_chunks, chunks_per_split, num_splits, max_drafts, vocab_size,
+                    stride_target_k, failed_ptr, give_up, LOGITS, ROWS, BLOCK_K1, BLOCK_V)
             elif LOGITS:
                 wait_for(wave1_arrivals_ptr + row_block, num_splits, failed_ptr, give_up)
             elif tl.max(greedy.to(tl.int32), axis=0) > 0:
                 scan_statistics(
-                    target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-                    requests, active, greedy, greedy, num_drafts, inverse_temperature,
-                    split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
-                    LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
+                    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, greedy, num_drafts,
+                    inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
+                    LOGITS, ROWS, BLOCK_K1, BLOCK_V,
                 )
 
             # Acceptance tests of sampled requests at every position (gathers only).
@@ -404,18 +392,11 @@ def _chain_verify_kernel(
                 draft_at = tl.full((ROWS, BLOCK_K1), 1.0, tl.float32)
             target_max = tl.zeros((ROWS, BLOCK_K1), tl.float32)
             target_inverse_norm = tl.zeros((ROWS, BLOCK_K1), tl.float32)
-            draft_max = tl.zeros((ROWS, BLOCK_K1), tl.float32)
-            draft_inverse_norm = tl.zeros((ROWS, BLOCK_K1), tl.float32)
             if LOGITS:
                 target_max, target_inverse_norm = _combine_normalisers(
                     stat_max_ptr, stat_sum_ptr, requests, sampled, num_splits, max_drafts, inverse_temperature,
                     ROWS, BLOCK_K1, SPLIT_TILE)
                 target_at = softmax_weight(target_at - target_max, inverse_temperature[:, None]) * target_inverse_norm
-                if HAS_DRAFT:
-                    draft_max, draft_inverse_norm = _combine_normalisers(
-                        stat_dmax_ptr, stat_dsum_ptr, requests, sampled, num_splits, max_drafts - 1,
-                        inverse_temperature, ROWS, BLOCK_K1, SPLIT_TILE)
-                    draft_at = softmax_weight(draft_at - draft_max, inverse_temperature[:, None]) * draft_inverse_norm
             threshold = tl.zeros((ROWS, BLOCK_K1), tl.int32)
             reciprocal = tl.zeros((ROWS, BLOCK_K1), tl.float64)
             if STAGED and TRUNCATE:
@@ -445,10 +426,8 @@ def _chain_verify_kernel(
                 sample_slice(
                     target_rows, draft_rows, chunk_total_ptr, chunk_pick_ptr,
                     requests, sampling, subtract, stop, tl.sum(tl.where(at_stop, safe_ids, 0), axis=1),
-                    stop_max, stop_inverse_norm, tl.sum(tl.where(at_stop, draft_max, 0.0), axis=1),
-                    tl.sum(tl.where(at_stop, draft_inverse_norm, 0.0), axis=1), inverse_temperature, k0, k1, c2, c3,
-                    num_chunks, chunk_lo, chunk_hi, vocab_size, stride_target_k, stride_draft_k,
-                    stop_threshold, stop_reciprocal, truncating, LOGITS, HAS_DRAFT, TRUNCATE, BLOCK_V,
+                    stop_max, stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo,
+                    chunk_hi, vocab_size, stride_target_k, stride_draft_k, stop_threshold, stop_reciprocal, truncating, LOGITS, HAS_DRAFT, TRUNCATE, BLOCK_V,
                 )
 
             # The last program of the row block chooses and writes the outputs;

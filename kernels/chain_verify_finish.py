@@ -102,8 +102,8 @@ def sampled_tokens(
         no_subtract = without_mass & False
         sample_slice(
             target_rows, target_rows, chunk_total_ptr, chunk_pick_ptr,
-            requests, without_mass, no_subtract, stop, stop, stop_max, stop_inverse_norm, stop_max,
-            stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, 0, num_chunks, vocab_size,
+            requests, without_mass, no_subtract, stop, stop, stop_max, stop_inverse_norm,
+            inverse_temperature, k0, k1, c2, c3, num_chunks, 0, num_chunks, vocab_size,
             stride_target_k, 0, truncation_threshold, truncation_reciprocal, truncating,
             LOGITS, False, TRUNCATE, BLOCK_V,
         )

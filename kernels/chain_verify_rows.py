@@ -1,7 +1,8 @@
 """Reads of target and draft rows shared by the chain and tree kernels.
 
-``row_statistics`` is a row's max, argmax and softmax normaliser, and
-``scan_statistics`` those of a slice of rows ``0..n_b``, stored per slice;
+``row_statistics`` is a target row's max, argmax and softmax normaliser,
+and ``scan_statistics`` those of a slice of rows ``0..n_b``, stored per
+slice (draft rows are always probabilities: they need none);
 ``request_temperatures`` the requests' greedy flags and ``1 / T``;
 ``sample_slice`` is the per-element pass of the sampler: loads, subtract,
 clamp, scale, convert, one int64 scan per 1024-token chunk, a compare and
@@ -45,8 +46,7 @@ def row_at(first_row, position, stride_position):
 @triton.jit
 def sample_slice(
     target_rows, draft_rows, chunk_total_ptr, chunk_pick_ptr,
-    requests, sampled, subtract, stop, stop_token, stop_max, stop_inverse_norm, stop_dmax, stop_dinverse_norm,
-    inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
+    requests, sampled, subtract, stop, stop_token, stop_max, stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, chunk_lo, chunk_hi, vocab_size,
     stride_target_k, stride_draft_k,
     truncation_threshold, truncation_reciprocal, truncating,
     LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, TRUNCATE: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -56,8 +56,8 @@ def sample_slice(
     ``target_rows`` / ``draft_rows`` point at each request's row 0 (rows
     ``stride_target_k`` / ``stride_draft_k`` apart). The weights are the
     residual ``max(0, p - q)`` where ``subtract``, else ``p``; with
-    ``LOGITS`` the rows are logits normalised by the stop row's
-    ``(max, 1 / sum)``. ``sampled`` masks the requests. With ``TRUNCATE``
+    ``LOGITS`` the target rows are logits normalised by the stop row's
+    ``(max, 1 / sum)`` (draft rows are always probabilities, v1.3). ``sampled`` masks the requests. With ``TRUNCATE``
     ``p`` is the stop row's top-k/top-p/min-p truncation where ``truncating``
     (``kernels/truncation.py``).
     """
@@ -76,12 +76,7 @@ def sample_slice(
             p = truncated_probability(p, truncation_threshold[:, None], truncation_reciprocal[:, None],
                                       truncating[:, None] != 0)
         if HAS_DRAFT:
-            if LOGITS:
-                y = tl.load(draft_row + index, mask=mask & subtracting, other=-float("inf")).to(tl.float32)
-                q = softmax_weight(y - stop_dmax[:, None], inverse_temperature[:, None]) * stop_dinverse_norm[:, None]
-                q = tl.where(subtracting, q, 0.0)
-            else:
-                q = tl.load(draft_row + index, mask=mask & subtracting, other=0.0).to(tl.float32)
+            q = tl.load(draft_row + index, mask=mask & subtracting, other=0.0).to(tl.float32)
         else:
             q = tl.where(subtracting & (index == stop_token[:, None]), 1.0, 0.0)
         # fixed_point maps the negatives and NaNs of p - q to 0: max(0, p - q) in one step.
@@ -92,50 +87,41 @@ def sample_slice(
 
 @triton.jit
 def scan_statistics(
-    target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-    requests, active, read_target, read_draft, num_drafts, inverse_temperature,
-    split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k, stride_draft_k,
-    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, read_target, num_drafts,
+    inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
+    LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """:func:`row_statistics` of this slice of rows ``0..n_b``, stored at ``[request, position, split]``.
+    """:func:`row_statistics` of this slice of target rows ``0..n_b``, stored at ``[request, position, split]``.
 
-    ``read_target`` / ``read_draft`` mask the requests whose rows are read;
-    target rows past ``n_b`` and draft rows past ``n_b - 1`` are not read.
+    ``read_target`` masks the requests whose rows are read; rows past
+    ``n_b`` are not read.
     """
     slot = requests.to(tl.int64) * BLOCK_K1 * num_splits + split
     for position in range(0, max_drafts + 1):
-        row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
-            row_at(target_rows, position, stride_target_k)[:, None],
-            row_at(draft_rows, position, stride_draft_k)[:, None],
-            (read_target & (position <= num_drafts))[:, None], (read_draft & (position < num_drafts))[:, None],
-            inverse_temperature, vocab_lo, vocab_hi, LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
+        row_max, row_arg, row_sum = row_statistics(
+            row_at(target_rows, position, stride_target_k)[:, None], (read_target & (position <= num_drafts))[:, None],
+            inverse_temperature, vocab_lo, vocab_hi, LOGITS, ROWS, BLOCK_V)
         here = slot + position * num_splits
         tl.store(stat_max_ptr + here, row_max, mask=active)
         tl.store(stat_arg_ptr + here, row_arg, mask=active)
         if LOGITS:
             tl.store(stat_sum_ptr + here, row_sum, mask=active)
-            if HAS_DRAFT:
-                tl.store(stat_dmax_ptr + here, drow_max, mask=active)
-                tl.store(stat_dsum_ptr + here, drow_sum, mask=active)
 
 
 @triton.jit
-def row_statistics(target_row, draft_row, read_target, read_draft, inverse_temperature, vocab_lo, vocab_hi,
-                   LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Statistics of ``[vocab_lo, vocab_hi)`` of one row of each request (``[ROWS, 1]`` row pointers).
+def row_statistics(target_row, read_target, inverse_temperature, vocab_lo, vocab_hi,
+                   LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Statistics of ``[vocab_lo, vocab_hi)`` of one target row of each request (``[ROWS, 1]`` row pointers).
 
-    The target row's max (NaN ignored) and argmax (ties to the lower index);
-    with ``LOGITS`` also ``sum exp((x - max) / T)`` of the target row and the
-    max and sum of the draft row. ``read_target`` / ``read_draft`` (``[ROWS,
-    1]``) mask the rows read.
+    The row's max (NaN ignored) and argmax (ties to the lower index); with
+    ``LOGITS`` also ``sum exp((x - max) / T)``. Draft rows need none: they
+    are always probabilities (v1.3). ``read_target`` (``[ROWS, 1]``) masks
+    the rows read.
     """
     vocab = tl.arange(0, BLOCK_V)[None, :]
     row_max = tl.full((ROWS,), -float("inf"), tl.float32)
     row_arg = tl.full((ROWS,), 2147483647, tl.int32)
     row_sum = tl.zeros((ROWS,), tl.float32)
-    drow_max = tl.full((ROWS,), -float("inf"), tl.float32)
-    drow_sum = tl.zeros((ROWS,), tl.float32)
     for start in range(vocab_lo, vocab_hi, BLOCK_V):
         index = start + vocab
         in_slice = index < vocab_hi
@@ -148,15 +134,8 @@ def row_statistics(target_row, draft_row, read_target, read_draft, inverse_tempe
             new_max = tl.maximum(row_max, tile_max)
             row_sum = row_sum * softmax_weight(row_max - new_max, inverse_temperature) + tl.sum(
                 softmax_weight(x - new_max[:, None], inverse_temperature[:, None]), axis=1)
-            if HAS_DRAFT:
-                y = tl.load(draft_row + index, mask=read_draft & in_slice, other=-float("inf")).to(tl.float32)
-                y = tl.where(y == y, y, -float("inf"))
-                new_dmax = tl.maximum(drow_max, tl.max(y, axis=1))
-                drow_sum = drow_sum * softmax_weight(drow_max - new_dmax, inverse_temperature) + tl.sum(
-                    softmax_weight(y - new_dmax[:, None], inverse_temperature[:, None]), axis=1)
-                drow_max = new_dmax
         row_max = tl.maximum(row_max, tile_max)
-    return row_max, row_arg, row_sum, drow_max, drow_sum
+    return row_max, row_arg, row_sum
 
 
 @triton.jit
@@ -173,16 +152,19 @@ def inverse_norm(row_sum):
 
 @triton.jit
 def request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE: tl.constexpr, ROWS: tl.constexpr):
-    """``(greedy, sampled, 1 / T)`` of the requests: greedy is ``T == 0``, which samples with ``T = 1``.
+    """``(greedy, sampled, 1 / T)`` of the requests, the contract's rule for every op (v1.3).
 
+    ``T > 0`` samples; any other value (``0``, a negative marker such as
+    vLLM's ``-1``, NaN) is greedy and uses ``T = 1``; no temperatures is
+    ``T = 1`` for all (``reference/_sampling.greedy_requests``).
     div_rn: ``/`` is approximate on GPUs, and ``T = inf`` must give ``1 / T = 0`` exactly.
     """
     if HAS_TEMPERATURE:
         temperature = tl.load(temperature_ptr + requests, mask=active, other=1.0)
     else:
         temperature = tl.full((ROWS,), 1.0, tl.float32)
-    greedy = active & (temperature == 0.0)
-    sampled = active & (temperature != 0.0)
-    inverse_temperature = tl.math.div_rn(tl.full((ROWS,), 1.0, tl.float32),
-                                         tl.where(temperature > 0.0, temperature, 1.0))
+    samples = temperature > 0.0  # false for NaN
+    greedy = active & ~samples
+    sampled = active & samples
+    inverse_temperature = tl.math.div_rn(tl.full((ROWS,), 1.0, tl.float32), tl.where(samples, temperature, 1.0))
     return greedy, sampled, inverse_temperature

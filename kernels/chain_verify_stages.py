@@ -8,8 +8,7 @@ through the request's stage records (``kernels/truncation_stages.py``:
 take slices from the record's counter, add, publish, wait for all):
 
 0. logits only: per-slice ``(max, sum exp)`` (and argmax) of the target
-   rows ``0..n_b`` and the sampled requests' draft rows ``0..n_b - 1``,
-   stored at ``[request, position, slice]``; every program combines them
+   rows ``0..n_b`` (draft rows are always probabilities, v1.3), stored at ``[request, position, slice]``; every program combines them
    in slice order (floats: never combined atomically).
 1. .. 19. the truncation search of every target row a decision may need
    (``kernels/truncation.py``, stage numbers there), all rows at once.
@@ -38,11 +37,9 @@ def request_records(stages_ptr, request, BLOCK_K1: tl.constexpr):
 
 @triton.jit
 def staged_statistics(
-    records, target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-    requests, active, sampled, num_drafts, inverse_temperature, num_chunks, chunks_per_split, num_splits,
-    max_drafts, vocab_size, stride_target_k, stride_draft_k, failed_ptr, give_up,
-    LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    records, target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, num_drafts,
+    inverse_temperature, num_chunks, chunks_per_split, num_splits, max_drafts, vocab_size, stride_target_k,
+    failed_ptr, give_up, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """Stage 0: the per-slice statistics of every slice of the request, complete when this returns."""
     record = records + _NORMALISER_STAGE * record_words(BLOCK_K1)
@@ -52,11 +49,10 @@ def staged_statistics(
         split = taken.to(tl.int32)  # the record's counter is int64; vocabulary indices stay 32-bit
         chunk_lo = split * chunks_per_split
         scan_statistics(
-            target_rows, draft_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, stat_dmax_ptr, stat_dsum_ptr,
-            requests, active, active, sampled, num_drafts, inverse_temperature,
-            split, num_splits, max_drafts, chunk_lo * BLOCK_V,
+            target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, active, num_drafts,
+            inverse_temperature, split, num_splits, max_drafts, chunk_lo * BLOCK_V,
             tl.minimum(tl.minimum(chunk_lo + chunks_per_split, num_chunks) * BLOCK_V, vocab_size),
-            stride_target_k, stride_draft_k, LOGITS, HAS_DRAFT, ROWS, BLOCK_K1, BLOCK_V,
+            stride_target_k, LOGITS, ROWS, BLOCK_K1, BLOCK_V,
         )
         measured_slices += 1
         taken = take_slice(record)

@@ -109,7 +109,8 @@ def _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab
 def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_norm, inverse_temperature,
                 truncation_threshold, truncation_reciprocal, truncating, LOGITS: tl.constexpr,
                 TRUNCATE: tl.constexpr):
-    """float32 probabilities at ``index`` of each row's current ``p`` (or ``q``): its scratch row, or the input row.
+    """float32 probabilities at ``index`` of each row's current ``p`` (or ``q``, :func:`_draft_values`): its
+    scratch row, or the input row.
 
     ``from_scratch`` says which, per row (a mask, so each element is read
     from one of the two). An input row of logits becomes
@@ -126,8 +127,14 @@ def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_no
 
 
 @triton.jit
-def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm, q_max, q_inverse_norm,
-                   inverse_temperature, token, truncation_threshold, truncation_reciprocal, truncating,
+def _draft_values(row, scratch, index, mask, from_scratch):
+    """:func:`_row_values` of the current ``q``: a draft row is always probabilities (``logits`` covers the
+    target only, contract v1.3), never truncated, so no statistics."""
+    return _row_values(row, scratch, index, mask, from_scratch, 0.0, 0.0, 1.0, 0, 0.0, 0, False, False)
+
+
+@triton.jit
+def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm, inverse_temperature, token, truncation_threshold, truncation_reciprocal, truncating,
                    history, history_first, history_end, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
                    REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr):
     """Split plan: the current ``p`` and ``q`` at ``index``, the input rows with every rejection of the current
@@ -144,8 +151,7 @@ def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_
                     truncation_threshold, truncation_reciprocal, truncating, LOGITS, TRUNCATE)
     q = p
     if HAS_DRAFT:
-        q = _row_values(draft_row, draft_row, index, q_mask, never, q_max, q_inverse_norm, inverse_temperature,
-                        truncation_threshold, truncation_reciprocal, truncating, LOGITS, False)
+        q = _draft_values(draft_row, draft_row, index, q_mask, never)
     for stage in range(history_first, history_end):
         record = history + stage * STAGE_WORDS
         rejected = tl.load(record + TOKEN_WORD, cache_modifier=".cg")
@@ -167,7 +173,7 @@ def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_
 
 @triton.jit
 def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
-                  p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                  p_max, p_inverse_norm, inverse_temperature,
                   pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                   truncation_threshold, truncation_reciprocal, truncating,
                   LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr):
@@ -190,8 +196,7 @@ def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
             q_from_scratch = from_scratch
         else:
             q_from_scratch = from_scratch != from_scratch  # with replacement q is never rewritten
-        q = _row_values(draft_row, q_scratch, index, q_mask, q_from_scratch, q_max, q_inverse_norm,
-                        inverse_temperature, truncation_threshold, truncation_reciprocal, truncating, LOGITS, False)
+        q = _draft_values(draft_row, q_scratch, index, q_mask, q_from_scratch)
         tried = q
     else:
         tried = tl.where(index == pending_token, 1.0, 0.0)
@@ -209,20 +214,20 @@ def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 
 @triton.jit
 def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
-                  p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                  p_max, p_inverse_norm, inverse_temperature,
                   pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                   truncation_threshold, truncation_reciprocal, truncating, history, history_first, history_end,
                   LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr,
                   SPLIT: tl.constexpr):
     """The current ``p`` and ``q`` at ``index``: :func:`_replayed_rows` with ``SPLIT``, else :func:`_pending_rows`."""
     if SPLIT:
-        p, q = _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm, q_max,
-                              q_inverse_norm, inverse_temperature, token, truncation_threshold,
+        p, q = _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm,
+                              inverse_temperature, token, truncation_threshold,
                               truncation_reciprocal, truncating, history, history_first, history_end,
                               LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
     else:
         p, q = _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
-                             p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                             p_max, p_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                              truncation_threshold, truncation_reciprocal, truncating,
                              LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
@@ -231,7 +236,7 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 
 @triton.jit
 def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writing, from_scratch,
-                    p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                    p_max, p_inverse_norm, inverse_temperature,
                     pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                     truncation_threshold, truncation_reciprocal, truncating, history, history_first, history_end,
                     first, end, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
@@ -255,7 +260,7 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
         index = start + vocab
         mask = rejecting & (index < end)
         p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask, from_scratch,
-                             p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                             p_max, p_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                              truncation_threshold, truncation_reciprocal, truncating,
                              history, history_first, history_end, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
@@ -277,7 +282,7 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
 
 @triton.jit
 def _sample_chunks(target_row, draft_row, p_scratch, q_scratch, sampled, from_scratch, p_max, p_inverse_norm,
-                   q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual,
+                   inverse_temperature, pending, pending_token, pending_residual,
                    p_reciprocal, q_reciprocal, truncation_threshold, truncation_reciprocal, truncating,
                    history, history_first, history_end, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node,
                    first_chunk, end_chunk, vocab_size, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
@@ -293,7 +298,7 @@ def _sample_chunks(target_row, draft_row, p_scratch, q_scratch, sampled, from_sc
         index = chunk * BLOCK_V + vocab
         mask = sampled[:, None] & (index < vocab_size)
         p, _ = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask & (pending != 0),
-                             from_scratch, p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
+                             from_scratch, p_max, p_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, pending_token,
                              truncation_threshold, truncation_reciprocal, truncating,
                              history, history_first, history_end, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
@@ -389,8 +394,6 @@ def _tree_verify_kernel(
     q_reciprocal = p_reciprocal
     p_max = tl.zeros((ROWS,), tl.float32)
     p_inverse_norm = p_max
-    q_max = p_max
-    q_inverse_norm = p_max
     greedy_token = node - 1
     truncation_threshold = node  # of the node whose statistics are loaded, for truncating rows
     truncation_reciprocal = p_reciprocal
@@ -409,18 +412,14 @@ def _tree_verify_kernel(
         else:
             needs_statistics = entering & greedy
         if tl.max(needs_statistics.to(tl.int32), axis=0) > 0:
-            row_max, row_arg, row_sum, drow_max, drow_sum = row_statistics(
-                target_row[:, None], draft_row[:, None], needs_statistics[:, None],
-                (needs_statistics & trying & sampled)[:, None], inverse_temperature, 0, vocab_size,
-                LOGITS, HAS_DRAFT, ROWS, BLOCK_V)
+            row_max, row_arg, row_sum = row_statistics(target_row[:, None], needs_statistics[:, None],
+                                                       inverse_temperature, 0, vocab_size, LOGITS, ROWS, BLOCK_V)
             if LOGITS:
                 has_choice = row_max > -float("inf")
             else:
                 has_choice = row_max > 0.0
             p_max = tl.where(needs_statistics, row_max, p_max)
             p_inverse_norm = tl.where(needs_statistics, inverse_norm(row_sum), p_inverse_norm)
-            q_max = tl.where(needs_statistics, drow_max, q_max)
-            q_inverse_norm = tl.where(needs_statistics, inverse_norm(drow_sum), q_inverse_norm)
             greedy_token = tl.where(needs_statistics, tl.where(has_choice, row_arg, -1), greedy_token)
         if TRUNCATE:
             needs_threshold = entering & (truncating != 0)
@@ -443,7 +442,7 @@ def _tree_verify_kernel(
         gather = trying & sampled
         target_at, draft_at = _current_rows(
             target_row, draft_row, p_scratch, q_scratch, token, gather, gather, from_scratch, p_max, p_inverse_norm,
-            q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual, p_reciprocal,
+            inverse_temperature, pending, pending_token, pending_residual, p_reciprocal,
             q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating, history, node_stage, stage,
             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
@@ -457,8 +456,8 @@ def _tree_verify_kernel(
                 writing = rejecting & (pending != 0)
             pass_rows = (
                 target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], rejecting[:, None],
-                writing[:, None], from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None], q_max[:, None],
-                q_inverse_norm[:, None], inverse_temperature[:, None], pending[:, None], pending_token[:, None],
+                writing[:, None], from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None],
+                inverse_temperature[:, None], pending[:, None], pending_token[:, None],
                 pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None], token[:, None],
                 truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
                 history, node_stage, stage)
@@ -515,8 +514,8 @@ def _tree_verify_kernel(
         slot = requests.to(tl.int64) * num_chunks
         sample_rows = (
             target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], sampled,
-            (scratch_node == node)[:, None], p_max[:, None], p_inverse_norm[:, None], q_max[:, None],
-            q_inverse_norm[:, None], inverse_temperature[:, None], (pending_node == node).to(tl.int32)[:, None],
+            (scratch_node == node)[:, None], p_max[:, None], p_inverse_norm[:, None],
+            inverse_temperature[:, None], (pending_node == node).to(tl.int32)[:, None],
             pending_token[:, None], pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None],
             truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
             history, node_stage, stage, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node)

@@ -7,6 +7,7 @@ live with each op and run only under ``validate=True``.
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 import threading
@@ -97,8 +98,10 @@ class Checker:
     def temperature(self, value, batch_size: int):
         """``temperature``: ``None``, one real number for the batch, or a float32 tensor ``[B]``.
 
-        Any real number is taken (a Python or numpy float or int). Returns
-        ``None`` or the float32 ``[B]`` tensor the ops take.
+        Any real number is taken (a Python or numpy float or int) except NaN,
+        which raises at once: as one number for the batch it is more likely a
+        bug than a greedy marker (a NaN tensor entry is one, contract v1.3).
+        Returns ``None`` or the float32 ``[B]`` tensor the ops take.
         """
         if value is None:
             return None
@@ -107,7 +110,11 @@ class Checker:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             self.fail(f"`temperature` must be a float32 tensor of shape [B] or a Python float; "
                       f"got {type(value).__name__}", TypeError)
-        return torch.full((batch_size,), float(value), dtype=torch.float32, device=self.device)
+        value = float(value)
+        if math.isnan(value):
+            self.fail("`temperature` must not be NaN as a Python number (use 0 or a negative value for greedy, "
+                      "or a float32 tensor [B] whose NaN entries mark greedy requests)")
+        return torch.full((batch_size,), value, dtype=torch.float32, device=self.device)
 
     def sampling_parameters(self, top_k, top_p, min_p, bonus_token_ids, batch_size: int):
         """``(top_k, top_p, min_p, bonus_token_ids)`` as the ops take them: int32, float32, float32, int32/int64 ``[B]``.
@@ -198,20 +205,22 @@ class Checker:
                 TypeError,
             )
 
-    def sampling_values(self, temperature, logits: bool, distributions: dict) -> None:
+    def sampling_values(self, temperature, logits: bool, target, draft) -> None:
         """``validate=True`` checks of values (synchronises): temperatures and distributions.
 
-        Temperatures must be finite and ``>= 0``. Probabilities must be finite
+        Temperatures must not be ``+inf`` (``0``, negatives and NaN are the
+        contract's greedy markers, not errors). Probabilities must be finite
         and ``>= 0``; logits must not be NaN or ``+inf`` (``-inf`` masks a
-        token). Without ``validate`` such values have the outcomes written in
+        token). ``logits`` covers ``target`` only: ``draft`` (or None) is
+        always probabilities (v1.3). Without ``validate`` such values have the outcomes written in
         ``docs/rng.md``.
         """
-        if temperature is not None and bool((~(temperature >= 0) | ~torch.isfinite(temperature)).any()):
-            self.fail("`temperature` must be finite and >= 0 (0 means greedy)")
-        for name, values in distributions.items():
+        if temperature is not None and bool((temperature == float("inf")).any()):
+            self.fail("`temperature` must not be +inf (T > 0 samples; 0, a negative value or NaN means greedy)")
+        for name, values, as_logits in (("target", target, logits), ("draft", draft, False)):
             if values is None:
                 continue
-            if logits:
+            if as_logits:
                 bad = torch.isnan(values) | (values == float("inf"))
                 rule = "logits must not be NaN or +inf"
             else:

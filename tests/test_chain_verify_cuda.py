@@ -59,7 +59,7 @@ def make_case(batch_size, max_drafts, vocab_size, *, seed, dtype=torch.float32, 
     draft_logits = target_logits[:, :max_drafts] + torch.randn(
         (batch_size, max_drafts, vocab_size), generator=generator, device=device) * 0.5
     target = target_logits if logits else torch.softmax(target_logits, -1)
-    draft = draft_logits if logits else torch.softmax(draft_logits, -1)
+    draft = torch.softmax(draft_logits, -1)  # `logits` covers the target only (v1.3)
     # Rounded to the storage dtype before any backend sees them.
     target, draft = target.to(dtype), draft.to(dtype)
     if max_drafts > 0:
@@ -282,7 +282,7 @@ def test_host_program_small_workspace_means_fewer_splits():
     chunk_words = 3 * batch_size * 4
     expected = run_reference(case, 9, 1)
     for extra_splits in (0, 1, 2):
-        words = chunk_words + extra_splits * batch_size * 2 * (max_drafts + 1)
+        words = chunk_words + extra_splits * batch_size * (max_drafts + 1)  # two int32 fields per row
         assert_same(run_op(case, 9, 1, num_splits=4, workspace_words=words), expected, f"{words} words")
 
 
@@ -520,8 +520,9 @@ def test_workspace_specs():
     (workspace, workspace_dtype), (arrivals, arrivals_dtype), (stages, stages_dtype) = specs.values()
     assert workspace_dtype == torch.int64 and arrivals_dtype == torch.int32 and stages_dtype == torch.int64
     assert arrivals == 2 * 5  # per request its arrivals and failure flag
-    # Three words per chunk and request, then int32 statistics for B + 8 = 13 slices (two per request: 10).
-    assert workspace == 3 * 5 * 3 + 13 * 4 * 4 // 2
+    # Three words per chunk and request, then two int32 statistics per row for B + 8 = 13 slices (two per
+    # request: 10).
+    assert workspace == 3 * 5 * 3 + 13 * 4 * 2 // 2
     assert stages == cuda_stage_words(5, 4)
     # One chunk: a single split, no statistics.
     assert cuda_workspace_specs(64, 4, 1000, True, "cpu")["chain_verify_cuda.workspace"] == (3 * 64, torch.int64)

@@ -63,7 +63,8 @@ def generate(target_model, draft_model, *, max_drafts, backend, device, draft_mo
         else:
             per_row = torch.where(temperature > 0, temperature, 1.0).view(-1, 1, 1)
             target = target_model.logits(contexts, 1.0) * per_row
-            draft = draft_model.logits(contexts[:, :-1], 1.0) * per_row if draft_mode == "sampled" else None
+            # `logits` covers the target only (v1.3): the draft is the distribution the drafts were drawn from.
+            draft = draft_model.rows(contexts[:, :-1]) if draft_mode == "sampled" else None
         num_drafts = None
         if ragged:
             num_drafts = torch.randint(0, max_drafts + 1, (num_sequences,), generator=generator, dtype=torch.int32)

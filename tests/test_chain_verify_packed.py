@@ -49,7 +49,7 @@ def packed_case(counts, max_drafts, vocab_size, *, seed, device, with_draft=True
     for b in range(batch_size):  # draft close to the target at the same position: a fair share is accepted
         draft_logits[cu[b]:cu[b + 1]] += target_logits[cu[b] + b:cu[b + 1] + b]
     target = target_logits if logits else torch.softmax(target_logits, -1)
-    draft = draft_logits if logits else torch.softmax(draft_logits, -1)
+    draft = torch.softmax(draft_logits, -1)  # `logits` covers the target only (v1.3)
     ids = (torch.multinomial(torch.softmax(draft_logits, -1), 1, generator=generator).view(-1) if num_tokens
            else torch.zeros(0, dtype=torch.int64))
     for b in greedy:

@@ -27,7 +27,7 @@ def opcheck_cases(device):
     yield "chain seed tensors", "chain_verify", (draft_ids, target, None, None, None, False, seeds, 0, offset, 0)
     counts = torch.tensor([3, 1, 0], dtype=torch.int32, device=device)
     temperature = torch.tensor([1.0, 0.0, 0.5], device=device)
-    yield "chain logits", "chain_verify", (draft_ids, target.log(), draft.log(), counts, temperature, True, None,
+    yield "chain logits", "chain_verify", (draft_ids, target.log(), draft, counts, temperature, True, None,
                                            -7, None, 2**40)
     yield "chain seed None", "chain_verify", (draft_ids, target, draft, None, None, False, None, None, None, 0)
     top_k = torch.tensor([2, 0, 40], dtype=torch.int32, device=device)

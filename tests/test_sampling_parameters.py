@@ -162,7 +162,6 @@ def test_chain_kernels_match_the_reference(backend, logits, gpu_tiles, device, m
     wide = torch.zeros(target.shape[:-1] + (target.shape[-1] + 30,))
     wide[..., 30:] = target.log() if logits else target
     target = wide[..., 30:]  # strided rows
-    draft = draft.log() if logits else draft
     for parameters in parameter_sets(ids.shape[0], target.shape[-1], gpu_tiles):
         for draft_rows in (None, draft)[gpu_tiles:]:
             arguments = dict(num_draft_tokens=num_drafts, temperature=temperature, logits=logits,

@@ -87,7 +87,7 @@ def expected_walk(tree_token_ids, parents, target, draft, num_nodes, temperature
     """The contract's decision rule in plain Python, one request at a time."""
     batch_size, tree_size, vocab_size = target.shape
     probs = _sampling.probabilities(target, temperature, logits)
-    draft_probs = None if draft is None else _sampling.probabilities(draft, temperature, logits)
+    draft_probs = None if draft is None else draft.to(torch.float32)  # always probabilities (v1.3)
     keys = rng.RequestKeys(seed, offset, batch_size, target.device)
     positions = torch.arange(tree_size, device=target.device).expand(batch_size, -1)
     uniforms = _sampling.acceptance_uniforms(keys, positions).cpu()
@@ -218,7 +218,7 @@ def test_logits_with_temperature_match_walk(backend, draft_mode, device):
     ids, parents, _, _, num_nodes, temperature = random_problem(generator, 11, 12, 9, greedy_fraction=0.4)
     target = torch.randn(11, 12, 9, generator=generator) * 3
     target[0, :, 2] = float("-inf")  # a token the target never emits
-    draft = None if draft_mode is None else torch.randn(11, 12, 9, generator=generator)
+    draft = None if draft_mode is None else torch.softmax(torch.randn(11, 12, 9, generator=generator), -1)
     sampling = draft_mode or "without_replacement"
     expected = expected_walk(ids, parents, target, draft, num_nodes, temperature, True, sampling, 5, 17)
     result = run_tree_verify(
@@ -386,7 +386,7 @@ def test_zero_probability_tokens_are_never_emitted(backend, draft_mode, logits, 
     allowed = target > 0
     temperature = torch.full((batch_size,), 0.8) if logits else None
     if logits:
-        target, draft = target.log(), draft.log()
+        target = target.log()  # `logits` covers the target only (v1.3)
     draft = None if draft_mode is None else draft
     for offset in range(5):
         accepted_nodes, output, num_accepted = (t.cpu().long() for t in run_tree_verify(

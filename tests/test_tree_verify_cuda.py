@@ -55,7 +55,8 @@ def make_case(batch_size, tree_size, vocab_size, *, seed, draft_mode="without_re
         generator, batch_size, tree_size, vocab_size, **options)
     if logits:
         target = torch.randn(target.shape, generator=generator) * 3
-        draft = target + torch.randn(target.shape, generator=generator) * 0.5
+        # `logits` covers the target only (v1.3): the draft stays probabilities.
+        draft = torch.softmax(target + torch.randn(target.shape, generator=generator) * 0.5, -1)
     return dict(
         tree_token_ids=ids.to(device), parents=parents.to(device), target=target.to(dtype).to(device),
         draft=None if draft_mode is None else draft.to(dtype).to(device),

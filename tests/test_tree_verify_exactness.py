@@ -141,7 +141,8 @@ def generate(target_model, draft_model, *, branching, mode, backend, device, tem
         else:
             per_row = torch.where(temperature[active] > 0, temperature[active], 1.0).view(-1, 1, 1)
             target = target_model.logits(contexts, 1.0) * per_row
-            draft = draft_model.logits(contexts, 1.0) * per_row if with_draft else None
+            # `logits` covers the target only (v1.3): the draft is the distribution the children were drawn from.
+            draft = draft_model.rows(contexts) if with_draft else None
         if isinstance(seed, torch.Tensor):
             # Per-request seeds follow their sequence; the offset is a 0-dim tensor.
             step_seed, step_offset = seed[active].to(device), torch.tensor(step, device=device)

@@ -80,7 +80,8 @@ def eagle_tree_verify(
         Target distribution after each node (SGLang's ``target_probs``, or
         logits with ``logits=True``).
     draft : Tensor ``[B, N, V]`` or None
-        Distribution node ``i``'s children were drawn from; ``None`` (SGLang's
+        Distribution node ``i``'s children were drawn from, always
+        probabilities (``logits`` covers the target only); ``None`` (SGLang's
         case): deterministic candidates.
     spec_steps : int, optional
         Most drafts a request may accept; ``accept_index`` has

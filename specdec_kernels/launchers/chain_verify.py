@@ -182,8 +182,6 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
         "chain_verify.stat_max": (stat_slots, torch.float32),
         "chain_verify.stat_arg": (stat_slots, torch.int32),
         "chain_verify.stat_sum": (logit_slots, torch.float32),
-        "chain_verify.stat_dmax": (logit_slots, torch.float32),
-        "chain_verify.stat_dsum": (logit_slots, torch.float32),
         "chain_verify.tickets": (2, torch.int32),
         "chain_verify.wave1_arrivals": (batch_size, torch.int32),
         "chain_verify.arrivals": (batch_size, torch.int32),
@@ -332,7 +330,7 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
 
     ``workspace`` (int64): three words per 1024-token chunk of every request
     (chunk totals and candidates), then per-slice statistics, int32
-    ``[B, splits, K + 1, 4]``, for as many slices as the launcher uses (about
+    ``[B, splits, K + 1, 2]``, for as many slices as the launcher uses (about
     two blocks per SM on a GPU, up to 8 per batch on the host, so at most
     ``B + target`` slices in all; a smaller workspace only means fewer,
     longer slices); contents need not be initialised. ``arrivals`` (int32
@@ -355,7 +353,7 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
         target_blocks = 8
     # cdiv(target, B) slices per request: B * cdiv(target, B) < B + target.
     slices = min(batch_size * num_chunks, batch_size + target_blocks) if num_chunks > 1 else 0
-    stats_words = cdiv(slices * 4 * rows_per_request, 2)
+    stats_words = slices * rows_per_request  # two int32 fields per row: one int64 word
     split_requests = min(batch_size, target_blocks) if num_chunks > 1 and (logits or truncate) else 0
     return {
         "chain_verify_cuda.workspace": (3 * batch_size * num_chunks + stats_words, torch.int64),

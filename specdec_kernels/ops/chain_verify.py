@@ -49,11 +49,15 @@ def chain_verify(
     num_draft_tokens : Tensor, int32 or int64, optional
         Drafts per request, ``0 <= n_b <= K``; default ``K``.
     temperature : Tensor, float32, or a real number, optional
-        Per-request temperature, or one Python or numpy number for the batch;
-        ``0`` makes a request greedy. With ``logits=True`` the distributions
-        are ``softmax(x / T_b)``.
+        Per-request temperature, or one Python or numpy number for the batch.
+        ``T_b > 0`` samples; any other value (``0``, a negative marker such as
+        vLLM's ``-1``, NaN in a tensor) makes request ``b`` greedy; ``None``
+        is ``T = 1`` for all; a Python NaN raises ``ValueError``. With
+        ``logits=True`` the distributions are ``softmax(x / T_b)``.
     logits : bool
-        ``target``/``draft`` hold logits.
+        ``target`` holds logits (then ``softmax(x / T_b)``). ``draft`` is
+        always probabilities, the distribution its tokens were drawn from
+        (v1.3; before, the flag covered both).
     seed : None, int or Tensor
         ``None`` (default): a fresh 63-bit seed drawn from torch's default CPU
         generator when the op runs, so ``torch.manual_seed`` makes runs
@@ -123,7 +127,7 @@ def chain_verify(
     resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
         _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab_size)
-        check.sampling_values(temperature, logits, {"target": target, "draft": draft})
+        check.sampling_values(temperature, logits, target, draft)
         check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
     return _library.run(

@@ -116,7 +116,7 @@ def chain_verify_packed(
     resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
         _validate_values(check, draft_token_ids, cu_num_draft_tokens, max_drafts, vocab_size)
-        check.sampling_values(temperature, logits, {"target": target, "draft": draft})
+        check.sampling_values(temperature, logits, target, draft)
         check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
     return _library.run(

@@ -108,7 +108,7 @@ def tree_verify(
             reference.validate_tree(parents, num_nodes, tree_token_ids, vocab_size)
         except ValueError as error:
             check.fail(str(error))
-        check.sampling_values(temperature, logits, {"target": target, "draft": draft})
+        check.sampling_values(temperature, logits, target, draft)
         check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
     return _library.run(

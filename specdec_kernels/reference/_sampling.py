@@ -51,7 +51,8 @@ def probabilities(x: torch.Tensor, temperature: torch.Tensor | None, logits: boo
     overflows and gives every temperature a defined outcome: ``T = inf`` is
     uniform over the finite logits, a tiny ``T`` is uniform over the largest
     ones; a row of NaN or ``-inf``, or one holding ``+inf``, has no mass.
-    Greedy requests (``T_b == 0``) use ``T = 1`` here (they only use argmaxes).
+    Greedy requests (``T_b`` not ``> 0``: :func:`greedy_requests`) use ``T = 1`` here (they only use
+    argmaxes).
     """
     converted = x.to(torch.float32)
     if not logits:
@@ -69,10 +70,15 @@ def probabilities(x: torch.Tensor, temperature: torch.Tensor | None, logits: boo
 
 
 def greedy_requests(temperature: torch.Tensor | None, batch_size: int, device) -> torch.Tensor:
-    """bool ``[B]``: requests decoded greedily (``T_b == 0``)."""
+    """bool ``[B]``: requests decoded greedily, those whose ``T_b`` is not ``> 0`` (contract v1.3).
+
+    ``0``, a negative marker (vLLM's ``-1``) and NaN are greedy; ``None`` is
+    ``T = 1`` for all. Every backend applies this one rule (Triton:
+    ``request_temperatures``, CUDA: ``request_temperature``).
+    """
     if temperature is None:
         return torch.zeros(batch_size, dtype=torch.bool, device=device)
-    return temperature == 0
+    return ~(temperature > 0)
 
 
 def greedy_tokens(x: torch.Tensor, logits: bool) -> torch.Tensor:

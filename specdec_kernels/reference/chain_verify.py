@@ -42,7 +42,8 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     positions = torch.arange(max_drafts, device=device)
 
     target_probs = _truncation.truncate(_sampling.probabilities(target, temperature, logits), top_k, top_p, min_p)
-    draft_probs = None if draft is None else _sampling.probabilities(draft, temperature, logits)
+    # `logits` covers the target only: the draft is always the probabilities its tokens were drawn from (v1.3).
+    draft_probs = None if draft is None else draft.to(torch.float32)
     greedy = _sampling.greedy_requests(temperature, batch_size, device)
     if num_draft_tokens is None:
         num_drafts = torch.full((batch_size,), max_drafts, dtype=torch.int64, device=device)

@@ -51,7 +51,7 @@ def tree_verify(
     * child ``c`` with a valid token ``t`` is accepted iff
       ``u_c * q(t) < p(t)`` (``u_c`` from the acceptance stream at position
       ``c``; ``q`` one-hot on ``t`` when ``draft`` is None); greedy requests
-      (``T_b == 0``) accept iff ``t`` is the argmax of the raw target row of
+      (``T_b`` not ``> 0``) accept iff ``t`` is the argmax of the raw target row of
       the current node. On acceptance ``c`` becomes the current node and
       ``p``, ``q`` become its rows;
     * a rejection sets ``p = normalise(max(0, p - q))`` (``normalise(p)``
@@ -84,7 +84,8 @@ def tree_verify(
     slots = torch.arange(tree_size, device=device).view(1, -1)
 
     target_probs = _truncation.truncate(_sampling.probabilities(target, temperature, logits), top_k, top_p, min_p)
-    draft_probs = None if draft is None else _sampling.probabilities(draft, temperature, logits)
+    # `logits` covers the target only: the draft is always the probabilities its tokens were drawn from (v1.3).
+    draft_probs = None if draft is None else draft.to(torch.float32)
     greedy = _sampling.greedy_requests(temperature, batch_size, device)
     greedy_targets = _sampling.greedy_tokens(target, logits)  # [B, N], on the raw rows
     if num_nodes is None:

@@ -53,43 +53,27 @@ SPECDEC_HOST_DEVICE ArgBest slice_argmax(const Block& block, const Prob* values,
   return block.block_all_reduce(best, MaxValue());
 }
 
-struct StatsPair {
-  SoftmaxStats target;
-  SoftmaxStats draft;
-};
-
-struct MergeStatsPair {
-  float temperature;
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE StatsPair operator()(StatsPair a, StatsPair b) const {
-    return {MergeStats{temperature}(a.target, b.target), MergeStats{temperature}(a.draft, b.draft)};
-  }
-};
-
-// Softmax statistics of target[lo, hi) and, when `draft` is given, of
-// draft[lo, hi), block-reduced.
+// Softmax statistics of target[lo, hi), block-reduced. Draft rows need
+// none: `logits` covers the target only, a draft is always probabilities
+// (contract v1.3).
 template <class Block, class Prob>
-SPECDEC_HOST_DEVICE StatsPair slice_stats(const Block& block, const Prob* target, const Prob* draft, int64_t lo,
-                                          int64_t hi, float temperature) {
+SPECDEC_HOST_DEVICE SoftmaxStats slice_stats(const Block& block, const Prob* target, int64_t lo, int64_t hi,
+                                             float temperature) {
   const int64_t stride = block.num_threads();
-  StatsPair stats = {empty_stats(), empty_stats()};
+  SoftmaxStats stats = empty_stats();
   for (int64_t base = lo + block.thread(); base < hi; base += kElementsPerStep * stride) {
     float x[kElementsPerStep];
-    float y[kElementsPerStep];
     SPECDEC_UNROLL
     for (int j = 0; j < kElementsPerStep; ++j) {
       const int64_t index = base + j * stride;
       x[j] = index < hi ? to_float(target[index]) : 0.0f;
-      y[j] = draft != nullptr && index < hi ? to_float(draft[index]) : 0.0f;
     }
     SPECDEC_UNROLL
     for (int j = 0; j < kElementsPerStep; ++j) {
-      if (base + j * stride < hi) {
-        add_to_stats(stats.target, x[j], temperature);
-        if (draft != nullptr) add_to_stats(stats.draft, y[j], temperature);
-      }
+      if (base + j * stride < hi) add_to_stats(stats, x[j], temperature);
     }
   }
-  return block.block_all_reduce(stats, MergeStatsPair{temperature});
+  return block.block_all_reduce(stats, MergeStats{temperature});
 }
 
 // values[first, first + kPerThread) as floats, 0 past the vocabulary. On the
@@ -145,7 +129,7 @@ struct SampleRow {
   uint32_t position;   // the RNG position (chain: `stop`; tree: the current node)
   bool logits;
   float temperature;
-  SoftmaxStats target_stats, draft_stats;  // logits only
+  SoftmaxStats target_stats;  // logits only (the draft is always probabilities)
   Truncation target_truncation;            // of the target row (top-k/top-p/min-p), off when zeroed
 
   template <int kWays, int kPerThread>
@@ -167,11 +151,7 @@ struct SampleRow {
       target_prob = truncated_probability(target_prob, target_truncation);
       if (kWays == 2) {
         float draft_prob = q[j];
-        if (draft == nullptr) {
-          draft_prob = first + j == stop_token ? 1.0f : 0.0f;
-        } else if (logits) {
-          draft_prob = inside ? softmax_prob(q[j], draft_stats, temperature) : 0.0f;
-        }
+        if (draft == nullptr) draft_prob = first + j == stop_token ? 1.0f : 0.0f;
         // fixed_point_weight maps p - q <= 0 (and NaN) to 0: max(0, p - q).
         weights[0][j] = fixed_point_weight(fsub_rn(target_prob, draft_prob));
         weights[kWays - 1][j] = fixed_point_weight(target_prob);

@@ -23,7 +23,7 @@
 // The last block of the request to arrive chooses the chunk among all chunk
 // totals with a block-wide 128-bit scan (chain_verify_finish.cuh).
 //
-// Greedy requests (T == 0). With one split, the block walks the rows in
+// Greedy requests (T not > 0). With one split, the block walks the rows in
 // order and stops at the first draft that is not the argmax: it reads only
 // rows 0..j. With several, every block records its slice's argmax of rows
 // 0..n (n = num_draft_tokens[b]) and the last arrival decides.
@@ -51,8 +51,9 @@
 //   [B, num_chunks, 3]  per chunk: total of way 0 (residual, or p), total of
 //                       way 1 (p after a rejection), then the two candidates
 //                       as int32;
-//   then int32 statistics [B, num_splits, K + 1, 4] (greedy: max, argmax;
-//   logits: target max, sum, draft max, sum); their room caps num_splits.
+//   then int32 statistics [B, num_splits, K + 1, 2] (greedy: max, argmax;
+//   logits: target max, sum; the draft is always probabilities, v1.3);
+//   their room caps num_splits.
 // Stage records (staged plan), int64 [B, chain_stage_stride(args)], a
 // separate buffer, zero before a call and left at zero.
 // Counters, int32 [2 B]: per request its arrivals and its failure flag
@@ -184,7 +185,7 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_verify_chunk_words(int64_t
 
 // int32 words of statistics per (request, split).
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t chain_verify_stats_words(int64_t max_drafts) {
-  return 4 * (max_drafts + 1);
+  return 2 * (max_drafts + 1);  // chain_verify_detail::kStatFields per row
 }
 
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool chain_verify_truncates(const ChainVerifyArgs& args) {

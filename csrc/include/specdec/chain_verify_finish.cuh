@@ -46,29 +46,26 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool greedy_accepts(int64_t draft_token,
   return greedy >= 0 && draft_token == greedy;
 }
 
-// The acceptance test of `position` from its rows' statistics (logits) and
+// The acceptance test of `position` from its target row's statistics (logits) and
 // the target row's truncation (off: the row as given).
 template <class Prob, class Token>
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool row_accepts(const Request<Prob, Token>& request, const RequestKey& key,
-                                                         int64_t position, bool logits, const StatsPair& stats,
+                                                         int64_t position, bool logits, const SoftmaxStats& stats,
                                                          const Truncation& truncation) {
   const int64_t token_id = request.token(position);
   if (!request.valid(token_id)) return false;
   const float target_value = to_float(request.target_row(position)[token_id]);
   const float target_prob = truncated_probability(
-      logits ? softmax_prob(target_value, stats.target, request.temperature) : target_value, truncation);
-  float draft_prob = 1.0f;
-  if (request.draft != nullptr) {
-    draft_prob = to_float(request.draft_row(position)[token_id]);
-    if (logits) draft_prob = softmax_prob(draft_prob, stats.draft, request.temperature);
-  }
+      logits ? softmax_prob(target_value, stats, request.temperature) : target_value, truncation);
+  // The draft is always probabilities (v1.3).
+  const float draft_prob = request.draft != nullptr ? to_float(request.draft_row(position)[token_id]) : 1.0f;
   const float uniform = uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(position), 0u).w0);
   return accept(uniform, draft_prob, target_prob);
 }
 
 struct Decision {
   int64_t stop;
-  StatsPair stats;        // logits: of row `stop` (the draft's only when stop < n)
+  SoftmaxStats stats;     // logits: of target row `stop`
   Truncation truncation;  // of target row `stop` when the request truncates
 };
 
@@ -80,44 +77,34 @@ template <class Block, class Prob, class Token, class TruncationOf>
 SPECDEC_HOST_DEVICE Decision decide_from_slots(const Block& block, const Request<Prob, Token>& request,
                                                const RequestKey& key, bool logits, const StatSlots& slots,
                                                int64_t num_splits, const TruncationOf& truncation_of) {
-  const auto stats_of = [&](int64_t row, bool with_draft) {
-    StatsPair stats = {empty_stats(), empty_stats()};
-    if (logits) {
-      stats.target = merged_stats(block, slots, num_splits, row, kTargetMax, request.temperature);
-      if (with_draft) stats.draft = merged_stats(block, slots, num_splits, row, kDraftMax, request.temperature);
-    }
-    return stats;
+  const auto stats_of = [&](int64_t row) {
+    return logits ? merged_stats(block, slots, num_splits, row, kTargetMax, request.temperature) : empty_stats();
   };
   int64_t stop = request.num_drafts;
   for (int64_t position = block.warp(); position < request.num_drafts; position += block.num_warps()) {
-    const StatsPair stats = stats_of(position, request.draft != nullptr);
-    if (!row_accepts(request, key, position, logits, stats, truncation_of(position))) {
+    if (!row_accepts(request, key, position, logits, stats_of(position), truncation_of(position))) {
       stop = MinInt64()(stop, position);
     }
   }
   stop = block.block_all_reduce(stop, MinInt64());
-  Decision decision = {stop, {empty_stats(), empty_stats()}, no_truncation()};
+  Decision decision = {stop, empty_stats(), no_truncation()};
   if (stop == request.num_drafts && request.has_bonus) return decision;  // row n has no slots and no sample
-  decision.stats = stats_of(stop, request.draft != nullptr && stop < request.num_drafts);
+  decision.stats = stats_of(stop);
   decision.truncation = truncation_of(stop);
   return decision;
 }
 
-// A slice's softmax statistics of target rows 0..num_rows-1 and of the draft
-// rows among them below n, into the slice's slots (the staged plan's stage 0).
+// A slice's softmax statistics of target rows 0..num_rows-1, into the
+// slice's slots (the staged plan's stage 0).
 template <class Block, class Prob, class Token>
 SPECDEC_HOST_DEVICE void record_slice_stats(const Block& block, const Request<Prob, Token>& request,
                                             const StatSlots& slots, int64_t split, int64_t vocab_lo,
                                             int64_t vocab_hi, int64_t num_rows) {
   for (int64_t row = 0; row < num_rows; ++row) {
-    const bool with_draft = request.draft != nullptr && row < request.num_drafts;
-    const StatsPair stats = slice_stats(block, request.target_row(row), with_draft ? request.draft_row(row) : nullptr,
-                                        vocab_lo, vocab_hi, request.temperature);
+    const SoftmaxStats stats = slice_stats(block, request.target_row(row), vocab_lo, vocab_hi, request.temperature);
     if (block.thread() == 0) {
-      *slots.field(split, row, kTargetMax) = float_as_word(stats.target.max);
-      *slots.field(split, row, kTargetSum) = float_as_word(stats.target.sum);
-      *slots.field(split, row, kDraftMax) = float_as_word(stats.draft.max);
-      *slots.field(split, row, kDraftSum) = float_as_word(stats.draft.sum);
+      *slots.field(split, row, kTargetMax) = float_as_word(stats.max);
+      *slots.field(split, row, kTargetSum) = float_as_word(stats.sum);
     }
   }
 }
@@ -165,19 +152,15 @@ template <class Block, class Prob, class Token>
 SPECDEC_HOST_DEVICE Decision walk_rows(const Block& block, const Request<Prob, Token>& request, const RequestKey& key,
                                        bool logits, TruncationHistogram* histogram) {
   for (int64_t row = 0;; ++row) {
-    Decision decision = {row, {empty_stats(), empty_stats()}, no_truncation()};
+    Decision decision = {row, empty_stats(), no_truncation()};
     if (row == request.num_drafts && request.has_bonus) return decision;
-    if (logits) {
-      const bool with_draft = request.draft != nullptr && row < request.num_drafts;
-      decision.stats = slice_stats(block, request.target_row(row), with_draft ? request.draft_row(row) : nullptr, 0,
-                                   request.vocab_size, request.temperature);
-    }
+    if (logits) decision.stats = slice_stats(block, request.target_row(row), 0, request.vocab_size, request.temperature);
     if (request.truncating) {
       const Prob* target = request.target_row(row);
       decision.truncation = row_truncation<kTruncationSpan>(
           block, histogram, request.truncation, request.vocab_size,
           [&](int64_t first, float (&out)[kTruncationSpan]) {
-            load_probability_span(target, first, request.vocab_size, logits, decision.stats.target,
+            load_probability_span(target, first, request.vocab_size, logits, decision.stats,
                                   request.temperature, out);
           });
     }
@@ -326,9 +309,9 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   request.draft =
       args.draft == nullptr ? nullptr : static_cast<const Prob*>(args.draft) + rows.first_draft * args.draft_stride_b;
   request.draft_stride = args.draft_stride_k;
-  const float temperature = args.temperature == nullptr ? 1.0f : args.temperature[b];
-  request.greedy = temperature == 0.0f;
-  request.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
+  const RequestTemperature temperature = request_temperature(args.temperature, b);
+  request.greedy = temperature.greedy;
+  request.temperature = temperature.temperature;
   const int64_t num_drafts = rows.num_drafts;
   request.num_drafts = num_drafts;
   request.vocab_size = args.vocab_size;
@@ -371,7 +354,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   }
 
   const RequestKey key = load_request_key(args.rng, b);
-  Decision decision = {num_drafts, {empty_stats(), empty_stats()}, no_truncation()};
+  Decision decision = {num_drafts, empty_stats(), no_truncation()};
   if constexpr (kStaged) {
     if (args.logits || request.truncating) {
       decision = staged_decision(block, request, key, args.logits, stat_slots,
@@ -398,8 +381,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   row.position = static_cast<uint32_t>(stop);
   row.logits = args.logits;
   row.temperature = request.temperature;
-  row.target_stats = decision.stats.target;
-  row.draft_stats = decision.stats.draft;
+  row.target_stats = decision.stats;
   row.target_truncation = decision.truncation;
   if (subtract) {
     sample_slice<2>(block, row, key, args.vocab_size, chunk_lo, chunk_hi, chunk_slots);

@@ -20,8 +20,7 @@ constexpr int64_t kArgMaxValue = 0;  // greedy: float max of the slice
 constexpr int64_t kArgMaxIndex = 1;  // greedy: its index
 constexpr int64_t kTargetMax = 0;    // logits: target statistics
 constexpr int64_t kTargetSum = 1;
-constexpr int64_t kDraftMax = 2;  // logits: draft statistics
-constexpr int64_t kDraftSum = 3;
+constexpr int64_t kStatFields = 2;  // per row (the draft, always probabilities, needs none: v1.3)
 
 template <class Prob, class Token>
 struct Request {
@@ -54,13 +53,13 @@ struct Request {
   }
 };
 
-// Statistics of one request: [num_splits, K + 1, 4] int32.
+// Statistics of one request: [num_splits, K + 1, kStatFields] int32.
 struct StatSlots {
   int32_t* base;
   int64_t slot_words;
 
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t* field(int64_t split, int64_t row, int64_t field) const {
-    return base + split * slot_words + 4 * row + field;
+    return base + split * slot_words + kStatFields * row + field;
   }
 };
 

@@ -329,6 +329,22 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float softmax_prob(float x, SoftmaxStats
   return fdiv_rn(softmax_term(x, stats.max, temperature), softmax_denominator(stats));
 }
 
+// A request's temperature under the contract's rule (v1.3), for every op:
+// T > 0 samples; any other value (0, a negative marker such as vLLM's -1,
+// NaN) is greedy and uses T = 1, as does a call without temperatures
+// (reference/_sampling.greedy_requests).
+struct RequestTemperature {
+  bool greedy;
+  float temperature;  // > 0
+};
+
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RequestTemperature request_temperature(const float* temperatures,
+                                                                               int64_t request) {
+  const float temperature = temperatures == nullptr ? 1.0f : temperatures[request];
+  const bool samples = temperature > 0.0f;  // false for NaN
+  return {!samples, samples ? temperature : 1.0f};
+}
+
 // Accept with probability min(1, p / q): u * q < p (never for NaN or p == 0).
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool accept(float uniform, float draft_prob, float target_prob) {
   return fmul_rn(uniform, draft_prob) < target_prob;

@@ -15,7 +15,7 @@
 //
 // Acceptance (sampled requests): u * q(t) < p(t) in float32, u from the
 // acceptance stream at position = child, q one-hot without a draft; greedy
-// requests (T == 0) accept t iff it is the argmax of the current node's raw
+// requests (T not > 0) accept t iff it is the argmax of the current node's raw
 // target row. On acceptance p and q become the child's input rows.
 //
 // One vocabulary pass per rejection, applied lazily (the design of the
@@ -241,8 +241,9 @@ SPECDEC_HOST_DEVICE int64_t next_child(const Block& block, const Tree<Token>& tr
 // dependent 4-byte ones, for more bytes in flight per thread.
 constexpr int kSpan = 4;
 
-// A base distribution as the walk sees it: an input row (probabilities, or
-// logits turned into probabilities with the row's statistics) or, after a
+// A base distribution as the walk sees it: an input row (probabilities, or,
+// for the target, logits turned into probabilities with the row's
+// statistics; a draft is always probabilities, v1.3) or, after a
 // second rejection at a node, a normalised float32 row of the workspace.
 template <class Prob>
 struct Row {
@@ -334,7 +335,7 @@ struct Walk {
   // gathers): q one-hot on `drawn` without a draft.
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void at(int64_t index, int64_t drawn, float& p, float& q) const {
     float one_p[1] = {target.at(index, logits, temperature)};
-    float one_q[1] = {has_draft ? draft.at(index, logits, temperature) : 0.0f};
+    float one_q[1] = {has_draft ? draft.at(index, false, temperature) : 0.0f};  // a draft is probabilities (v1.3)
     apply_rejections(index, one_p, one_q);
     p = one_p[0];
     q = has_draft ? one_q[0] : (index == drawn ? 1.0f : 0.0f);
@@ -347,7 +348,7 @@ struct Walk {
                                                      float (&q)[kCount]) const {
     target.span(first, vocab_size, logits, temperature, p);
     if (has_draft) {
-      draft.span(first, vocab_size, logits, temperature, q);
+      draft.span(first, vocab_size, false, temperature, q);
     } else {
       SPECDEC_UNROLL
       for (int j = 0; j < kCount; ++j) q[j] = 0.0f;
@@ -373,7 +374,7 @@ struct CurrentTargetRow {
                                                     float (&q)[kPerThread]) const {
     static_assert(kWays == 1, "the tree samples its current p alone");
     walk.target.span(first, vocab_size, walk.logits, walk.temperature, p);
-    if (walk.rejected() && walk.has_draft) walk.draft.span(first, vocab_size, walk.logits, walk.temperature, q);
+    if (walk.rejected() && walk.has_draft) walk.draft.span(first, vocab_size, false, walk.temperature, q);
   }
 
   template <int kWays, int kPerThread>
@@ -554,8 +555,8 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
 
   const Prob* target = static_cast<const Prob*>(args.target) + b * args.target_stride_b;
   const Prob* draft = args.draft == nullptr ? nullptr : static_cast<const Prob*>(args.draft) + b * args.draft_stride_b;
-  const float temperature = args.temperature == nullptr ? 1.0f : args.temperature[b];
-  const bool greedy = temperature == 0.0f;
+  const RequestTemperature temperature = request_temperature(args.temperature, b);
+  const bool greedy = temperature.greedy;
 
   int64_t* request_words = args.workspace + b * tree_verify_request_words(vocab_size);
   const ChunkSlots slots = {request_words};
@@ -568,7 +569,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
   walk.has_draft = draft != nullptr;
   walk.remove_drawn = draft != nullptr && args.without_replacement;
   walk.logits = args.logits;
-  walk.temperature = temperature > 0.0f ? temperature : 1.0f;  // also NaN and < 0, like the reference
+  walk.temperature = temperature.temperature;
   walk.vocab_size = vocab_size;
   SplitPlan plan = {nullptr, {nullptr, false}, 1, 0, 0};
   if (kSplit) {
@@ -611,9 +612,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
     } else {
       if (walk.logits && !stats_ready) {
         // Still the input rows: a rejection needs the statistics first.
-        const StatsPair stats = slice_stats(block, walk.target.input, walk.draft.input, 0, vocab_size, walk.temperature);
-        walk.target.stats = stats.target;
-        walk.draft.stats = stats.draft;
+        walk.target.stats = slice_stats(block, walk.target.input, 0, vocab_size, walk.temperature);
         stats_ready = true;
       }
       if (truncating && !truncation_ready) {
@@ -661,8 +660,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
                                                     args.logits);
   } else {
     if (walk.logits && !stats_ready && walk.target.input != nullptr) {
-      walk.target.stats = slice_stats(block, walk.target.input, static_cast<const Prob*>(nullptr), 0, vocab_size,
-                                      walk.temperature).target;
+      walk.target.stats = slice_stats(block, walk.target.input, 0, vocab_size, walk.temperature);
     }
     if (truncating && !truncation_ready) walk.target.truncation = target_truncation(block, histogram, args, b, walk);
     if constexpr (kSplit) {
