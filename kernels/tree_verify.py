@@ -36,11 +36,12 @@ row's correctly rounded float32 reciprocal, then one rounding to float32.
 
 Small batches (split plan, ``SPLIT``). ``splits`` programs share each
 request (about one program per SM in all, ``launchers/tree_verify.py``).
-Every program walks the whole tree: the acceptance tests are gathers, the
-statistics of logits rows, greedy argmaxes and truncation thresholds are
-recomputed by each (the same code, so the same bits; the row is read from
-L2 after the first program). The vocabulary passes, each rejection's
-totals and the final sample's chunks, are *stages* shared through records
+Every program walks the whole tree: the acceptance tests are gathers. A
+node entered whose rows are needed whole (the statistics of logits rows,
+a greedy argmax, truncation thresholds) is an *entry* stage: the first
+program to take it computes them with the one-program code (the same bits)
+and publishes them; the others wait for them. The vocabulary passes, each
+rejection's totals and the final sample's chunks, are stages shared through records
 in the workspace (``kernels/tree_verify_stages.py``): a program takes
 slices of whole sampler chunks from the stage's counter until none is left,
 adds its slices' integer totals atomically, publishes, and waits until
