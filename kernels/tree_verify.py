@@ -132,7 +132,7 @@ def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_no
 @triton.jit
 def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm, q_max, q_inverse_norm,
                    inverse_temperature, token, truncation_threshold, truncation_reciprocal, truncating,
-                   replay_words, replay_p, replay_q, replayed, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
+                   replay_tokens, replay_reciprocals, replayed, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
                    REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr):
     """Split plan: the current ``p`` and ``q`` at ``index``, the input rows with the ``replayed`` rejections of
     the current node applied in order, from the program's replay registers (:func:`replay_rejection`).
@@ -151,7 +151,7 @@ def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_
         q = _row_values(draft_row, draft_row, index, q_mask, never, q_max, q_inverse_norm, inverse_temperature,
                         truncation_threshold, truncation_reciprocal, truncating, LOGITS, False)
     for slot in range(0, replayed):
-        rejected, residual, p_reciprocal, q_reciprocal = replayed_rejection(replay_words, replay_p, replay_q, slot)
+        rejected, residual, p_reciprocal, q_reciprocal = replayed_rejection(replay_tokens, replay_reciprocals, slot)
         if HAS_DRAFT:
             tried = q
         else:
@@ -211,14 +211,14 @@ def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
                   p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                   pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
-                  truncation_threshold, truncation_reciprocal, truncating, replay_words, replay_p, replay_q, replayed,
+                  truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
                   LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr,
                   SPLIT: tl.constexpr):
     """The current ``p`` and ``q`` at ``index``: :func:`_replayed_rows` with ``SPLIT``, else :func:`_pending_rows`."""
     if SPLIT:
         p, q = _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm, q_max,
                               q_inverse_norm, inverse_temperature, token, truncation_threshold,
-                              truncation_reciprocal, truncating, replay_words, replay_p, replay_q, replayed,
+                              truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
                               LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
     else:
         p, q = _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
@@ -233,7 +233,7 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writing, from_scratch,
                     p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                     pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
-                    truncation_threshold, truncation_reciprocal, truncating, replay_words, replay_p, replay_q, replayed,
+                    truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
                     first, end, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
                     TRUNCATE: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
     """One pass over the rejecting rows' entries ``[first, end)``: the split totals of the fixed-point weights of
@@ -258,7 +258,7 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
                              p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                              truncation_threshold, truncation_reciprocal, truncating,
-                             replay_words, replay_p, replay_q, replayed, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
+                             replay_tokens, replay_reciprocals, replayed, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         tl.store(p_scratch + index, p, mask=mask & writing)
         if REMOVE_DRAWN:
             tl.store(q_scratch + index, q, mask=mask & writing)
@@ -279,7 +279,7 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
 def _sample_chunks(target_row, draft_row, p_scratch, q_scratch, sampled, from_scratch, p_max, p_inverse_norm,
                    q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual,
                    p_reciprocal, q_reciprocal, truncation_threshold, truncation_reciprocal, truncating,
-                   replay_words, replay_p, replay_q, replayed, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node,
+                   replay_tokens, replay_reciprocals, replayed, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node,
                    first_chunk, end_chunk, vocab_size, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
                    REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
     """The fixed-point sampler's chunk total and candidate of each row's current ``p`` at position ``node``,
@@ -296,7 +296,7 @@ def _sample_chunks(target_row, draft_row, p_scratch, q_scratch, sampled, from_sc
                              from_scratch, p_max, p_inverse_norm, q_max, q_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, pending_token,
                              truncation_threshold, truncation_reciprocal, truncating,
-                             replay_words, replay_p, replay_q, replayed, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
+                             replay_tokens, replay_reciprocals, replayed, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         total, offset = chunk_pick(fixed_point(p), chunk_draw(k0, k1, c2, c3, node, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
         tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
@@ -432,9 +432,8 @@ def _tree_verify_kernel(
     rejected_here = node  # 1 once a child of the current node was tried and rejected
     failed = node  # split plan: 1 once a wait of the request gave up (the walk ends: the outcome is decided)
     # Split plan: the current node's rejections, as replay_rejection keeps them.
-    replay_words = tl.zeros((REPLAY_SLOTS,), tl.int64)
-    replay_p = replay_words
-    replay_q = replay_words
+    replay_tokens = tl.zeros((REPLAY_SLOTS,), tl.int32)
+    replay_reciprocals = tl.zeros((REPLAY_SLOTS,), tl.int64)
     tl.store(accepted_row, node, mask=writes)
     while tl.max((last < limit).to(tl.int32), axis=0) > 0:
         child = _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab_size,
@@ -463,10 +462,11 @@ def _tree_verify_kernel(
                 record = history + stage * STAGE_WORDS
                 if take_slice(record) == 0:
                     publish_entry(record, *_node_statistics(*entry, LOGITS, HAS_DRAFT, TRUNCATE, ROWS, BLOCK_V,
-                                                            SEARCH_BLOCK))
+                                                            SEARCH_BLOCK), LOGITS)
                 failed |= wait_for_stage(record, 1, failed_ptr, give_up).to(tl.int32)
                 (p_max, p_inverse_norm, q_max, q_inverse_norm, greedy_token, truncation_threshold,
-                 truncation_reciprocal) = entry_statistics(record)
+                 truncation_reciprocal) = entry_statistics(record, p_max, p_inverse_norm, q_max, q_inverse_norm,
+                                                           LOGITS)
                 stage += 1
         else:
             (p_max, p_inverse_norm, q_max, q_inverse_norm, greedy_token, truncation_threshold,
@@ -485,7 +485,7 @@ def _tree_verify_kernel(
         target_at, draft_at = _current_rows(
             target_row, draft_row, p_scratch, q_scratch, token, gather, gather, from_scratch, p_max, p_inverse_norm,
             q_max, q_inverse_norm, inverse_temperature, pending, pending_token, pending_residual, p_reciprocal,
-            q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating, replay_words, replay_p, replay_q, replayed,
+            q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
         accepted = trying & tl.where(greedy, token == greedy_token.to(tl.int64),
@@ -502,7 +502,7 @@ def _tree_verify_kernel(
                 q_inverse_norm[:, None], inverse_temperature[:, None], pending[:, None], pending_token[:, None],
                 pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None], token[:, None],
                 truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
-                replay_words, replay_p, replay_q, replayed)
+                replay_tokens, replay_reciprocals, replayed)
             if SPLIT:
                 # The request's programs share the pass, slice by slice.
                 record = history + stage * STAGE_WORDS
@@ -530,8 +530,8 @@ def _tree_verify_kernel(
                                     p_reciprocal)
             q_reciprocal = tl.where(rejecting, normaliser_reciprocal(drawn_high, drawn_low), q_reciprocal)
             if SPLIT:
-                replay_words, replay_p, replay_q = replay_rejection(
-                    replay_words, replay_p, replay_q, replayed, pending_token, pending_residual,
+                replay_tokens, replay_reciprocals = replay_rejection(
+                    replay_tokens, replay_reciprocals, replayed, pending_token, pending_residual,
                     p_reciprocal, q_reciprocal)
                 replayed += 1
                 stage += 1
@@ -562,7 +562,7 @@ def _tree_verify_kernel(
             q_inverse_norm[:, None], inverse_temperature[:, None], (pending_node == node).to(tl.int32)[:, None],
             pending_token[:, None], pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None],
             truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
-            replay_words, replay_p, replay_q, replayed, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node)
+            replay_tokens, replay_reciprocals, replayed, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node)
         if SPLIT:
             record = history + stage * STAGE_WORDS
             taken = take_slice(record)

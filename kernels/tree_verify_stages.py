@@ -53,8 +53,10 @@ TAKEN_WORD = tl.constexpr(0)
 PUBLISHED_WORD = tl.constexpr(1)
 TOTALS_WORD = tl.constexpr(2)
 ENTRY_WORD = tl.constexpr(2)
-_RESIDUAL_SHIFT = tl.constexpr(32)  # replay word: the token below bit 32, the residual flag above
-_TOKEN_MASK = tl.constexpr((1 << 32) - 1)
+_HIGH_SHIFT = tl.constexpr(32)  # replay reciprocals: p's float32 bits below bit 32, q's above,
+_SIGN_SHIFT = tl.constexpr(31)  # and the residual flag in the sign bit of p's
+_LOW_MASK = tl.constexpr((1 << 32) - 1)
+_MAGNITUDE_MASK = tl.constexpr((1 << 31) - 1)
 ENDED_WORD = tl.constexpr(0)  # end record: programs counted out,
 STAGES_USED_WORD = tl.constexpr(1)  # the most stages a program used,
 FAILED_WORD = tl.constexpr(2)  # nonzero once a wait of the request gave up
@@ -111,12 +113,15 @@ def stage_totals(record):
 
 
 @triton.jit
-def publish_entry(record, p_max, p_inverse_norm, q_max, q_inverse_norm, greedy_token, threshold, reciprocal):
-    """Store a node's entry (``[1]`` values: the program's one request) and release it."""
-    tl.store(record + ENTRY_WORD, tl.sum(p_max.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
-    tl.store(record + ENTRY_WORD + 1, tl.sum(p_inverse_norm.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
-    tl.store(record + ENTRY_WORD + 2, tl.sum(q_max.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
-    tl.store(record + ENTRY_WORD + 3, tl.sum(q_inverse_norm.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
+def publish_entry(record, p_max, p_inverse_norm, q_max, q_inverse_norm, greedy_token, threshold, reciprocal,
+                  LOGITS: tl.constexpr):
+    """Store a node's entry (``[1]`` values: the program's one request) and release it. The softmax statistics
+    only with ``LOGITS``: probability rows are read as they are."""
+    if LOGITS:
+        tl.store(record + ENTRY_WORD, tl.sum(p_max.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
+        tl.store(record + ENTRY_WORD + 1, tl.sum(p_inverse_norm.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
+        tl.store(record + ENTRY_WORD + 2, tl.sum(q_max.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
+        tl.store(record + ENTRY_WORD + 3, tl.sum(q_inverse_norm.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
     tl.store(record + ENTRY_WORD + 4, tl.sum(greedy_token, axis=0).to(tl.int64))
     tl.store(record + ENTRY_WORD + 5, tl.sum(threshold, axis=0).to(tl.int64))
     tl.store(record + ENTRY_WORD + 6, tl.sum(reciprocal.to(tl.int64, bitcast=True), axis=0))
@@ -135,46 +140,63 @@ def _entry_float(record, word):
 
 
 @triton.jit
-def entry_statistics(record):
+def entry_statistics(record, p_max, p_inverse_norm, q_max, q_inverse_norm, LOGITS: tl.constexpr):
     """The published entry: ``(p_max, p_inverse_norm, q_max, q_inverse_norm, greedy_token, threshold,
-    reciprocal)``, ``[1]`` each, the bits :func:`publish_entry` stored."""
-    return (_entry_float(record, 0), _entry_float(record, 1), _entry_float(record, 2), _entry_float(record, 3),
-            _entry_word(record, 4).to(tl.int32), _entry_word(record, 5).to(tl.int32),
-            _entry_word(record, 6).to(tl.float64, bitcast=True))
+    reciprocal)``, ``[1]`` each, the bits :func:`publish_entry` stored (the statistics given, without
+    ``LOGITS``: fewer values live across the wait, which kept an sm_80 compile from spilling 8 bytes)."""
+    if LOGITS:
+        p_max = _entry_float(record, 0)
+        p_inverse_norm = _entry_float(record, 1)
+        q_max = _entry_float(record, 2)
+        q_inverse_norm = _entry_float(record, 3)
+    return (p_max, p_inverse_norm, q_max, q_inverse_norm, _entry_word(record, 4).to(tl.int32),
+            _entry_word(record, 5).to(tl.int32), _entry_word(record, 6).to(tl.float64, bitcast=True))
 
 
 @triton.jit
-def replay_rejection(replay_words, replay_p, replay_q, slot, token, use_residual, p_reciprocal, q_reciprocal):
+def replay_rejection(replay_tokens, replay_reciprocals, slot, token, use_residual, p_reciprocal, q_reciprocal):
     """The replay registers with the current node's rejection number ``slot`` set (``[1]`` values: the program's
-    one request): the token and residual flag in one word, the float64 bits of the reciprocals.
+    one request): the token (int32), and one word of the float32 bits of the two reciprocals (float32 values
+    widened, ``normaliser_reciprocal``; positive, so the sign bit of ``p``'s holds the residual flag).
 
     Every program derives the same rejection from the same stage totals, so
     each keeps the node's rejections in its own registers and reads no record
     to replay them; the registers' length (a power of two) bounds the rejections
     at a node by the tree size (``launchers/tree_verify.py``, ``replay_slots``).
+    Three registers a slot a thread at most: with four, Triton 3.6's truncating
+    split compile spilled 4 bytes on sm_90a.
     """
-    here = tl.arange(0, replay_words.shape[0]) == slot
-    word = tl.sum(token.to(tl.int64) | (use_residual.to(tl.int64) << _RESIDUAL_SHIFT), axis=0)
-    replay_words = tl.where(here, word, replay_words)
-    replay_p = tl.where(here, tl.sum(p_reciprocal.to(tl.int64, bitcast=True), axis=0), replay_p)
-    replay_q = tl.where(here, tl.sum(q_reciprocal.to(tl.int64, bitcast=True), axis=0), replay_q)
-    return replay_words, replay_p, replay_q
+    here = tl.arange(0, replay_tokens.shape[0]) == slot
+    flagged = _float32_bits(p_reciprocal) | (use_residual.to(tl.int64) << _SIGN_SHIFT)
+    reciprocals = tl.sum(flagged | (_float32_bits(q_reciprocal) << _HIGH_SHIFT), axis=0)
+    return (tl.where(here, tl.sum(token.to(tl.int32), axis=0), replay_tokens),
+            tl.where(here, reciprocals, replay_reciprocals))
 
 
 @triton.jit
-def _add_words(a_word, a_p, a_q, b_word, b_p, b_q):
-    return a_word + b_word, a_p + b_p, a_q + b_q
+def _float32_bits(reciprocal):
+    return reciprocal.to(tl.float32).to(tl.int32, bitcast=True).to(tl.int64) & _LOW_MASK
 
 
 @triton.jit
-def replayed_rejection(replay_words, replay_p, replay_q, slot):
+def _float32_of(bits):
+    return (bits & _MAGNITUDE_MASK).to(tl.int32).to(tl.float32, bitcast=True).to(tl.float64)
+
+
+@triton.jit
+def _add_words(a_token, a_reciprocals, b_token, b_reciprocals):
+    return a_token + b_token, a_reciprocals + b_reciprocals
+
+
+@triton.jit
+def replayed_rejection(replay_tokens, replay_reciprocals, slot):
     """Rejection number ``slot`` of the current node from the replay registers: ``(token, residual flag, p
-    reciprocal, q reciprocal)``, one reduction of the three words (every other slot adds 0)."""
-    here = tl.arange(0, replay_words.shape[0]) == slot
-    word, p_bits, q_bits = tl.reduce((tl.where(here, replay_words, 0), tl.where(here, replay_p, 0),
-                                      tl.where(here, replay_q, 0)), 0, _add_words)
-    return (word & _TOKEN_MASK, word >> _RESIDUAL_SHIFT, p_bits.to(tl.float64, bitcast=True),
-            q_bits.to(tl.float64, bitcast=True))
+    reciprocal, q reciprocal)``, one reduction of the two registers (every other slot adds 0)."""
+    here = tl.arange(0, replay_tokens.shape[0]) == slot
+    token, reciprocals = tl.reduce((tl.where(here, replay_tokens, 0), tl.where(here, replay_reciprocals, 0)), 0,
+                                   _add_words)
+    return (token.to(tl.int64), (reciprocals >> _SIGN_SHIFT) & 1, _float32_of(reciprocals),
+            _float32_of(reciprocals >> _HIGH_SHIFT))
 
 
 @triton.jit
