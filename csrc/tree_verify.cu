@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "specdec/host_block.cuh"
 #include "specdec/tree_verify.cuh"
@@ -42,12 +43,15 @@ void tree_verify_host(const TreeVerifyArgs& args) {
     // every stage done by another block: its outputs come from the totals,
     // records and chunk results another block published.
     TruncationHistogram histogram;
-    run_host_blocks(args.batch_size * splits, [&args, &histogram, splits](const SimtHostBlock& block, int64_t index) {
+    std::vector<tree_verify_detail::Pending> replay(splits > 1 ? kMaxSplitRejections : 0);
+    run_host_blocks(args.batch_size * splits, [&args, &histogram, &replay, splits](const SimtHostBlock& block,
+                                                                                   int64_t index) {
       if (splits > 1) {
         tree_verify_detail::tree_verify_block<SimtHostBlock, Prob, Token, true>(
-            block, args, index / splits, splits - 1 - index % splits, &histogram);
+            block, args, index / splits, splits - 1 - index % splits, &histogram, replay.data());
       } else {
-        tree_verify_detail::tree_verify_block<SimtHostBlock, Prob, Token, false>(block, args, index, 0, &histogram);
+        tree_verify_detail::tree_verify_block<SimtHostBlock, Prob, Token, false>(block, args, index, 0, &histogram,
+                                                                                 nullptr);
       }
     });
   });

@@ -269,7 +269,7 @@ def tree_verify_variants():
             "OFFSET_PER_REQUEST": per_request, "SCRATCH_ROWS": rows,
             **_sampling_constexprs(sampling, config.search_block), "SPLIT": config.num_splits > 1,
             "ROWS": config.rows, "BLOCK_N": config.block_n, "BLOCK_V": config.block_v,
-            "CHUNK_TILE": config.chunk_tile,
+            "CHUNK_TILE": config.chunk_tile, "REPLAY_SLOTS": config.replay_slots,
         }
         signature = _with_sampling_pointers(signature)
         signature.update({key: "constexpr" for key in constexprs})

@@ -36,11 +36,12 @@ row's correctly rounded float32 reciprocal, then one rounding to float32.
 
 Small batches (split plan, ``SPLIT``). ``splits`` programs share each
 request (about one program per SM in all, ``launchers/tree_verify.py``).
-Every program walks the whole tree: the acceptance tests are gathers, the
-statistics of logits rows, greedy argmaxes and truncation thresholds are
-recomputed by each (the same code, so the same bits; the row is read from
-L2 after the first program). The vocabulary passes, each rejection's
-totals and the final sample's chunks, are *stages* shared through records
+Every program walks the whole tree: the acceptance tests are gathers. A
+node entered whose rows are needed whole (the statistics of logits rows,
+a greedy argmax, truncation thresholds) is an *entry* stage: the first
+program to take it computes them with the one-program code (the same bits)
+and publishes them; the others wait for them. The vocabulary passes, each
+rejection's totals and the final sample's chunks, are stages shared through records
 in the workspace (``kernels/tree_verify_stages.py``): a program takes
 slices of whole sampler chunks from the stage's counter until none is left,
 adds its slices' integer totals atomically, publishes, and waits until
@@ -50,9 +51,12 @@ runs programs one after another, has the first program take every slice).
 Because a program may start long after the others have moved on, nothing
 it reads may have been overwritten: there are no scratch rows in this plan;
 the current rows are the input rows with the node's rejections *replayed*
-in order from their stage records (:func:`_replayed_rows`), the same float32
-maps the one-program plan applies, so the same bits. ``k`` rejections at a
-node cost ``k`` passes of ``O(k)`` arithmetic per entry. Only the request's
+in order (:func:`_replayed_rows`), the same float32 maps the one-program
+plan applies, so the same bits. Every program derives each rejection from
+the stage's totals itself and keeps the node's rejections in registers
+(``REPLAY_SLOTS`` of them, bounded by the tree size), so a pass reads no
+record per tile: ``k`` rejections at a node cost ``k`` passes of ``O(k)``
+arithmetic per entry and no record loads. Only the request's
 first program stores outputs; its last to end zeroes the records.
 
 Ordering. Within a program, ``tl.debug_barrier()`` orders the scratch,
@@ -75,9 +79,9 @@ from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
                        normaliser_reciprocal, row_probabilities, split_sums)
 from .faults import TREE_WAIT_GAVE_UP
-from .tree_verify_stages import (FAILED_WORD, P_RECIPROCAL_WORD, Q_RECIPROCAL_WORD, RESIDUAL_WORD, STAGE_WORDS,
-                                 TOKEN_WORD, end_record, end_request, publish, publish_slice, record_rejection,
-                                 stage_totals, take_slice, wait_for_stage)
+from .tree_verify_stages import (FAILED_WORD, STAGE_WORDS, end_record, end_request, entry_statistics, publish,
+                                 publish_entry, publish_slice, replay_rejection, replayed_rejection, stage_totals,
+                                 take_slice, wait_for_stage)
 from .truncation import row_truncation, truncated_probability, truncation_parameters
 
 @triton.jit
@@ -109,8 +113,7 @@ def _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab
 def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_norm, inverse_temperature,
                 truncation_threshold, truncation_reciprocal, truncating, LOGITS: tl.constexpr,
                 TRUNCATE: tl.constexpr):
-    """float32 probabilities at ``index`` of each row's current ``p`` (or ``q``, :func:`_draft_values`): its
-    scratch row, or the input row.
+    """float32 probabilities at ``index`` of each row's current ``p`` (or ``q``): its scratch row, or the input row.
 
     ``from_scratch`` says which, per row (a mask, so each element is read
     from one of the two). An input row of logits becomes
@@ -134,13 +137,14 @@ def _draft_values(row, scratch, index, mask, from_scratch):
 
 
 @triton.jit
-def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm, inverse_temperature, token, truncation_threshold, truncation_reciprocal, truncating,
-                   history, history_first, history_end, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
+def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm,
+                   inverse_temperature, token, truncation_threshold, truncation_reciprocal, truncating,
+                   replay_tokens, replay_reciprocals, replayed, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
                    REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr):
-    """Split plan: the current ``p`` and ``q`` at ``index``, the input rows with every rejection of the current
-    node replayed in order (stage records ``history_first .. history_end - 1``, ``kernels/tree_verify_stages.py``).
+    """Split plan: the current ``p`` and ``q`` at ``index``, the input rows with the ``replayed`` rejections of
+    the current node applied in order, from the program's replay registers (:func:`replay_rejection`).
 
-    Each stage applies the same float32 map as a pending rejection of
+    Each rejection applies the same float32 map as a pending rejection of
     :func:`_pending_rows`, so the values are bit for bit those of the rows the
     one-program plan writes out. Nothing is written: the rows a late program
     replays are the inputs, which never change. ``q_mask`` is on wherever a
@@ -152,11 +156,8 @@ def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_
     q = p
     if HAS_DRAFT:
         q = _draft_values(draft_row, draft_row, index, q_mask, never)
-    for stage in range(history_first, history_end):
-        record = history + stage * STAGE_WORDS
-        rejected = tl.load(record + TOKEN_WORD, cache_modifier=".cg")
-        residual = tl.load(record + RESIDUAL_WORD, cache_modifier=".cg")
-        p_reciprocal = tl.load(record + P_RECIPROCAL_WORD, cache_modifier=".cg").to(tl.float64, bitcast=True)
+    for slot in range(0, replayed):
+        rejected, residual, p_reciprocal, q_reciprocal = replayed_rejection(replay_tokens, replay_reciprocals, slot)
         if HAS_DRAFT:
             tried = q
         else:
@@ -164,7 +165,6 @@ def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_
         weights = tl.where(residual != 0, fixed_point(p - tried), fixed_point(p))
         p = (weights.to(tl.float64) * p_reciprocal).to(tl.float32)
         if REMOVE_DRAWN:
-            q_reciprocal = tl.load(record + Q_RECIPROCAL_WORD, cache_modifier=".cg").to(tl.float64, bitcast=True)
             q = (fixed_point(tl.where(index == rejected, 0.0, q)).to(tl.float64) * q_reciprocal).to(tl.float32)
     if not HAS_DRAFT:
         q = tl.where(index == token, 1.0, 0.0)
@@ -216,14 +216,14 @@ def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
                   p_max, p_inverse_norm, inverse_temperature,
                   pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
-                  truncation_threshold, truncation_reciprocal, truncating, history, history_first, history_end,
+                  truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
                   LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr,
                   SPLIT: tl.constexpr):
     """The current ``p`` and ``q`` at ``index``: :func:`_replayed_rows` with ``SPLIT``, else :func:`_pending_rows`."""
     if SPLIT:
         p, q = _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_norm,
                               inverse_temperature, token, truncation_threshold,
-                              truncation_reciprocal, truncating, history, history_first, history_end,
+                              truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
                               LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
     else:
         p, q = _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
@@ -238,7 +238,7 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writing, from_scratch,
                     p_max, p_inverse_norm, inverse_temperature,
                     pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
-                    truncation_threshold, truncation_reciprocal, truncating, history, history_first, history_end,
+                    truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
                     first, end, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
                     TRUNCATE: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
     """One pass over the rejecting rows' entries ``[first, end)``: the split totals of the fixed-point weights of
@@ -263,7 +263,7 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
                              p_max, p_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
                              truncation_threshold, truncation_reciprocal, truncating,
-                             history, history_first, history_end, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
+                             replay_tokens, replay_reciprocals, replayed, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         tl.store(p_scratch + index, p, mask=mask & writing)
         if REMOVE_DRAWN:
             tl.store(q_scratch + index, q, mask=mask & writing)
@@ -284,7 +284,7 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
 def _sample_chunks(target_row, draft_row, p_scratch, q_scratch, sampled, from_scratch, p_max, p_inverse_norm,
                    inverse_temperature, pending, pending_token, pending_residual,
                    p_reciprocal, q_reciprocal, truncation_threshold, truncation_reciprocal, truncating,
-                   history, history_first, history_end, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node,
+                   replay_tokens, replay_reciprocals, replayed, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node,
                    first_chunk, end_chunk, vocab_size, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
                    REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
     """The fixed-point sampler's chunk total and candidate of each row's current ``p`` at position ``node``,
@@ -301,7 +301,7 @@ def _sample_chunks(target_row, draft_row, p_scratch, q_scratch, sampled, from_sc
                              from_scratch, p_max, p_inverse_norm, inverse_temperature,
                              pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, pending_token,
                              truncation_threshold, truncation_reciprocal, truncating,
-                             history, history_first, history_end, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
+                             replay_tokens, replay_reciprocals, replayed, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         total, offset = chunk_pick(fixed_point(p), chunk_draw(k0, k1, c2, c3, node, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
         tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
@@ -316,6 +316,37 @@ def _choose_sample(chunk_total_ptr, chunk_pick_ptr, slot, sampled, k0, k1, c2, c
     high31, low31 = chunk_sums(chunk_total_ptr, slot, sampled, num_chunks, ROWS, CHUNK_TILE)
     return choose_chunk(chunk_total_ptr, chunk_pick_ptr, slot, sampled, num_chunks, high31, low31,
                         choice_draw(k0, k1, c2, c3, node), ROWS, CHUNK_TILE)
+
+
+@triton.jit
+def _node_statistics(target_row, needs_statistics, needs_threshold, inverse_temperature,
+                     top_k, top_p, min_p, k_on, p_on, min_p_on, vocab_size, p_max, p_inverse_norm,
+                     greedy_token, truncation_threshold, truncation_reciprocal,
+                     LOGITS: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
+    """What a node entered needs from its whole target rows, each read by this program: the statistics
+    ``(p_max, p_inverse_norm, greedy_token)`` where ``needs_statistics``, then the truncation
+    ``(threshold, reciprocal)`` where ``needs_threshold``; the other rows keep the values given. The draft
+    rows need none: they are probabilities (contract v1.3)."""
+    if tl.max(needs_statistics.to(tl.int32), axis=0) > 0:
+        row_max, row_arg, row_sum = row_statistics(target_row[:, None], needs_statistics[:, None],
+                                                   inverse_temperature, 0, vocab_size, LOGITS, ROWS, BLOCK_V)
+        if LOGITS:
+            has_choice = row_max > -float("inf")
+        else:
+            has_choice = row_max > 0.0
+        p_max = tl.where(needs_statistics, row_max, p_max)
+        p_inverse_norm = tl.where(needs_statistics, inverse_norm(row_sum), p_inverse_norm)
+        greedy_token = tl.where(needs_statistics, tl.where(has_choice, row_arg, -1), greedy_token)
+    if TRUNCATE:
+        if tl.max(needs_threshold.to(tl.int32), axis=0) > 0:
+            threshold, reciprocal = row_truncation(
+                target_row[:, None], needs_threshold, top_k, top_p, min_p, k_on, p_on, min_p_on,
+                p_max[:, None], p_inverse_norm[:, None], inverse_temperature[:, None], vocab_size,
+                LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+            truncation_threshold = tl.where(needs_threshold, threshold, truncation_threshold)
+            truncation_reciprocal = tl.where(needs_threshold, reciprocal, truncation_reciprocal)
+    return p_max, p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal
 
 
 @triton.jit(do_not_specialize=[
@@ -340,7 +371,7 @@ def _tree_verify_kernel(
     OFFSET_PER_REQUEST: tl.constexpr, SCRATCH_ROWS: tl.constexpr,
     HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, TRUNCATE: tl.constexpr,
     HAS_BONUS: tl.constexpr, SPLIT: tl.constexpr, SEARCH_BLOCK: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr, REPLAY_SLOTS: tl.constexpr,
 ):
     """``ROWS`` requests per program, or with ``SPLIT`` one slice-sharing program of one request; see the
     module docstring."""
@@ -357,11 +388,11 @@ def _tree_verify_kernel(
     else:
         writes = active
     # The stage records of the request (split plan), and the walk's place in them.
-    history = stages_ptr + request.to(tl.int64) * (tree_size + 1) * STAGE_WORDS
+    history = stages_ptr + request.to(tl.int64) * (tree_size + 2) * STAGE_WORDS
     failed_ptr = end_record(history, tree_size) + FAILED_WORD  # nonzero once a wait of the request gave up
     give_up = tl.program_id(0) == fault_role
     stage = tl.program_id(0) * 0  # the next stage
-    node_stage = stage  # the current node's first stage (its rejections are the stages since)
+    replayed = stage  # the current node's rejections (split plan)
     greedy, sampled, inverse_temperature = request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE,
                                                                 ROWS)
     if HAS_NUM_NODES:
@@ -399,6 +430,9 @@ def _tree_verify_kernel(
     truncation_reciprocal = p_reciprocal
     rejected_here = node  # 1 once a child of the current node was tried and rejected
     failed = node  # split plan: 1 once a wait of the request gave up (the walk ends: the outcome is decided)
+    # Split plan: the current node's rejections, as replay_rejection keeps them.
+    replay_tokens = tl.zeros((REPLAY_SLOTS,), tl.int32)
+    replay_reciprocals = tl.zeros((REPLAY_SLOTS,), tl.int64)
     tl.store(accepted_row, node, mask=writes)
     while tl.max((last < limit).to(tl.int32), axis=0) > 0:
         child = _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab_size,
@@ -411,25 +445,31 @@ def _tree_verify_kernel(
             needs_statistics = entering
         else:
             needs_statistics = entering & greedy
-        if tl.max(needs_statistics.to(tl.int32), axis=0) > 0:
-            row_max, row_arg, row_sum = row_statistics(target_row[:, None], needs_statistics[:, None],
-                                                       inverse_temperature, 0, vocab_size, LOGITS, ROWS, BLOCK_V)
-            if LOGITS:
-                has_choice = row_max > -float("inf")
-            else:
-                has_choice = row_max > 0.0
-            p_max = tl.where(needs_statistics, row_max, p_max)
-            p_inverse_norm = tl.where(needs_statistics, inverse_norm(row_sum), p_inverse_norm)
-            greedy_token = tl.where(needs_statistics, tl.where(has_choice, row_arg, -1), greedy_token)
         if TRUNCATE:
             needs_threshold = entering & (truncating != 0)
-            if tl.max(needs_threshold.to(tl.int32), axis=0) > 0:
-                threshold, reciprocal = row_truncation(
-                    target_row[:, None], needs_threshold, top_k, top_p, min_p, k_on, p_on, min_p_on,
-                    p_max[:, None], p_inverse_norm[:, None], inverse_temperature[:, None], vocab_size,
-                    LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
-                truncation_threshold = tl.where(needs_threshold, threshold, truncation_threshold)
-                truncation_reciprocal = tl.where(needs_threshold, reciprocal, truncation_reciprocal)
+        else:
+            needs_threshold = entering & False
+        entry = (target_row, needs_statistics, needs_threshold, inverse_temperature,
+                 top_k, top_p, min_p, k_on, p_on, min_p_on, vocab_size, p_max, p_inverse_norm,
+                 greedy_token, truncation_threshold, truncation_reciprocal)
+        if SPLIT:
+            # One program (the first to take the stage) reads the row for every program of the request, which
+            # wait for it: one pass over the row (and the truncation search's) per node entered instead of one
+            # per program. Not sliced: the logits normaliser is a float32 sum in the one-program plan's tile
+            # order, whose bits a sum of slices would not keep; the thresholds are found with that normaliser.
+            if tl.max((needs_statistics | needs_threshold).to(tl.int32), axis=0) > 0:
+                record = history + stage * STAGE_WORDS
+                if take_slice(record) == 0:
+                    publish_entry(record, *_node_statistics(*entry, LOGITS, TRUNCATE, ROWS, BLOCK_V,
+                                                            SEARCH_BLOCK), LOGITS)
+                failed |= wait_for_stage(record, 1, failed_ptr, give_up).to(tl.int32)
+                (p_max, p_inverse_norm, greedy_token, truncation_threshold,
+                 truncation_reciprocal) = entry_statistics(record, p_max, p_inverse_norm, LOGITS)
+                stage += 1
+        else:
+            (p_max, p_inverse_norm, greedy_token, truncation_threshold,
+             truncation_reciprocal) = _node_statistics(*entry, LOGITS, TRUNCATE, ROWS, BLOCK_V,
+                                                       SEARCH_BLOCK)
         statistics_node = tl.where(entering, node, statistics_node)
 
         # A node's base rows are the inputs until a second rejection there
@@ -443,7 +483,7 @@ def _tree_verify_kernel(
         target_at, draft_at = _current_rows(
             target_row, draft_row, p_scratch, q_scratch, token, gather, gather, from_scratch, p_max, p_inverse_norm,
             inverse_temperature, pending, pending_token, pending_residual, p_reciprocal,
-            q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating, history, node_stage, stage,
+            q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
         accepted = trying & tl.where(greedy, token == greedy_token.to(tl.int64),
@@ -460,7 +500,7 @@ def _tree_verify_kernel(
                 inverse_temperature[:, None], pending[:, None], pending_token[:, None],
                 pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None], token[:, None],
                 truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
-                history, node_stage, stage)
+                replay_tokens, replay_reciprocals, replayed)
             if SPLIT:
                 # The request's programs share the pass, slice by slice.
                 record = history + stage * STAGE_WORDS
@@ -488,8 +528,10 @@ def _tree_verify_kernel(
                                     p_reciprocal)
             q_reciprocal = tl.where(rejecting, normaliser_reciprocal(drawn_high, drawn_low), q_reciprocal)
             if SPLIT:
-                record_rejection(history + stage * STAGE_WORDS, pending_token, pending_residual, p_reciprocal,
-                                 q_reciprocal)
+                replay_tokens, replay_reciprocals = replay_rejection(
+                    replay_tokens, replay_reciprocals, replayed, pending_token, pending_residual,
+                    p_reciprocal, q_reciprocal)
+                replayed += 1
                 stage += 1
 
         rejected_here = tl.where(accepted, 0, tl.where(trying, 1, rejected_here))
@@ -498,7 +540,7 @@ def _tree_verify_kernel(
         tl.store(output_row + depth - 1, token.to(tl.int32), mask=accepted & writes)
         node = tl.where(accepted, child, node)
         if SPLIT:
-            node_stage = tl.where(tl.max(accepted.to(tl.int32), axis=0) > 0, stage, node_stage)
+            replayed = tl.where(tl.max(accepted.to(tl.int32), axis=0) > 0, 0, replayed)
         last = tl.where((last < limit) & (failed == 0), child, limit)
 
     target_row = row_pointers(target_ptr, requests, stride_target_b, node, stride_target_n)
@@ -518,7 +560,7 @@ def _tree_verify_kernel(
             inverse_temperature[:, None], (pending_node == node).to(tl.int32)[:, None],
             pending_token[:, None], pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None],
             truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
-            history, node_stage, stage, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node)
+            replay_tokens, replay_reciprocals, replayed, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node)
         if SPLIT:
             record = history + stage * STAGE_WORDS
             taken = take_slice(record)

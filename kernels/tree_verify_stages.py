@@ -1,7 +1,9 @@
 """The stage records through which the programs of one request share its vocabulary passes (split plan).
 
 A *stage* is one pass over a request's vocabulary: a rejection's totals,
-or the final sample's chunk results. Every program of the request walks
+the final sample's chunk results, or a node's *entry*: the statistics of
+its rows (logits normalisers, the greedy argmax) and its truncation
+thresholds, found by the one program that takes the stage's only slice. Every program of the request walks
 the tree (the acceptance tests are a few gathers) and reaches the same
 stages in the same order; the pass itself is divided into slices of whole
 sampler chunks that the programs *take* from a counter, so no program
@@ -11,9 +13,10 @@ running. A program that starts late finds every slice taken and only reads
 the results, which stay in place until the request's last program ends.
 
 Record of a stage, ``STAGE_WORDS`` int64 (one 128-byte line), at
-``history + stage * STAGE_WORDS``; the request has ``tree_size + 1``
-records (at most ``tree_size - 1`` rejections and the sample), the last
-one its end record (:func:`end_record`):
+``history + stage * STAGE_WORDS``; the request has ``tree_size + 2``
+records (each node tried or entered is at most one stage: at most
+``tree_size`` rejections and entries, then the sample), the last one its
+end record (:func:`end_record`):
 
 ====  ====================================================================
 0     slices taken (a counter, past ``splits`` once all are taken)
@@ -21,10 +24,15 @@ one its end record (:func:`end_record`):
 2-7   the rejection totals, split at bit 31: residual, ``p``, ``q`` without
       the rejected token (integer sums, so the order of the atomic adds
       does not matter)
-8-11  the rejection as applied: token, residual-had-mass flag, and the
-      float64 bits of the ``p`` and ``q`` reciprocals. Every program writes
-      the same values, derived from the same totals.
+2-6   an entry instead: the float32 bits of ``p``'s max and ``1 / sum``,
+      the greedy token, the truncation threshold and the float64 bits of
+      its reciprocal (:func:`publish_entry`; the draft is probabilities)
 ====  ====================================================================
+
+The rejection a stage makes (token, residual-had-mass flag, reciprocals)
+is not recorded: every program derives it from the same totals and keeps
+the current node's rejections in registers to replay them
+(:func:`replay_rejection`), so a pass reads no record per tile.
 
 End record: word 0 counts the programs out, word 1 is the most stages any
 program of the request used, word 2 is nonzero once a wait of the request
@@ -44,10 +52,11 @@ STAGE_WORDS = tl.constexpr(16)
 TAKEN_WORD = tl.constexpr(0)
 PUBLISHED_WORD = tl.constexpr(1)
 TOTALS_WORD = tl.constexpr(2)
-TOKEN_WORD = tl.constexpr(8)
-RESIDUAL_WORD = tl.constexpr(9)
-P_RECIPROCAL_WORD = tl.constexpr(10)
-Q_RECIPROCAL_WORD = tl.constexpr(11)
+ENTRY_WORD = tl.constexpr(2)
+_HIGH_SHIFT = tl.constexpr(32)  # replay reciprocals: p's float32 bits below bit 32, q's above,
+_SIGN_SHIFT = tl.constexpr(31)  # and the residual flag in the sign bit of p's
+_LOW_MASK = tl.constexpr((1 << 32) - 1)
+_MAGNITUDE_MASK = tl.constexpr((1 << 31) - 1)
 ENDED_WORD = tl.constexpr(0)  # end record: programs counted out,
 STAGES_USED_WORD = tl.constexpr(1)  # the most stages a program used,
 FAILED_WORD = tl.constexpr(2)  # nonzero once a wait of the request gave up
@@ -82,8 +91,8 @@ def publish(record, slices):
 
 @triton.jit
 def end_record(history, tree_size):
-    """The request's end record (after its ``tree_size`` stage records)."""
-    return history + tree_size.to(tl.int64) * STAGE_WORDS
+    """The request's end record (after its ``tree_size + 1`` stage records)."""
+    return history + (tree_size.to(tl.int64) + 1) * STAGE_WORDS
 
 
 @triton.jit
@@ -104,14 +113,86 @@ def stage_totals(record):
 
 
 @triton.jit
-def record_rejection(record, token, use_residual, p_reciprocal, q_reciprocal):
-    """Store the rejection (``[1]`` values: the program's one request) as the replay applies it; every program
-    stores the same values."""
-    tl.store(record + TOKEN_WORD, tl.sum(token.to(tl.int64), axis=0))
-    tl.store(record + RESIDUAL_WORD, tl.sum(use_residual.to(tl.int64), axis=0))
-    tl.store(record + P_RECIPROCAL_WORD, tl.sum(p_reciprocal.to(tl.int64, bitcast=True), axis=0))
-    tl.store(record + Q_RECIPROCAL_WORD, tl.sum(q_reciprocal.to(tl.int64, bitcast=True), axis=0))
-    tl.debug_barrier()  # visible to the program's other threads, which read it from L2
+def publish_entry(record, p_max, p_inverse_norm, greedy_token, threshold, reciprocal,
+                  LOGITS: tl.constexpr):
+    """Store a node's entry (``[1]`` values: the program's one request) and release it. The softmax statistics
+    only with ``LOGITS``: probability rows are read as they are."""
+    if LOGITS:
+        tl.store(record + ENTRY_WORD, tl.sum(p_max.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
+        tl.store(record + ENTRY_WORD + 1, tl.sum(p_inverse_norm.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
+    tl.store(record + ENTRY_WORD + 2, tl.sum(greedy_token, axis=0).to(tl.int64))
+    tl.store(record + ENTRY_WORD + 3, tl.sum(threshold, axis=0).to(tl.int64))
+    tl.store(record + ENTRY_WORD + 4, tl.sum(reciprocal.to(tl.int64, bitcast=True), axis=0))
+    publish(record, 1)
+
+
+@triton.jit
+def _entry_word(record, word):
+    """Word ``word`` of a published entry as a ``[1]`` tensor (read from L2)."""
+    return tl.load(record + ENTRY_WORD + word + tl.zeros((1,), tl.int32), cache_modifier=".cg")
+
+
+@triton.jit
+def _entry_float(record, word):
+    return _entry_word(record, word).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def entry_statistics(record, p_max, p_inverse_norm, LOGITS: tl.constexpr):
+    """The published entry: ``(p_max, p_inverse_norm, greedy_token, threshold,
+    reciprocal)``, ``[1]`` each, the bits :func:`publish_entry` stored (the statistics given, without
+    ``LOGITS``: fewer values live across the wait, which kept an sm_80 compile from spilling 8 bytes)."""
+    if LOGITS:
+        p_max = _entry_float(record, 0)
+        p_inverse_norm = _entry_float(record, 1)
+    return (p_max, p_inverse_norm, _entry_word(record, 2).to(tl.int32),
+            _entry_word(record, 3).to(tl.int32), _entry_word(record, 4).to(tl.float64, bitcast=True))
+
+
+@triton.jit
+def replay_rejection(replay_tokens, replay_reciprocals, slot, token, use_residual, p_reciprocal, q_reciprocal):
+    """The replay registers with the current node's rejection number ``slot`` set (``[1]`` values: the program's
+    one request): the token (int32), and one word of the float32 bits of the two reciprocals (float32 values
+    widened, ``normaliser_reciprocal``; positive, so the sign bit of ``p``'s holds the residual flag).
+
+    Every program derives the same rejection from the same stage totals, so
+    each keeps the node's rejections in its own registers and reads no record
+    to replay them; the registers' length (a power of two) bounds the rejections
+    at a node by the tree size (``launchers/tree_verify.py``, ``replay_slots``).
+    Three registers a slot a thread at most: with four, Triton 3.6's truncating
+    split compile spilled 4 bytes on sm_90a.
+    """
+    here = tl.arange(0, replay_tokens.shape[0]) == slot
+    flagged = _float32_bits(p_reciprocal) | (use_residual.to(tl.int64) << _SIGN_SHIFT)
+    reciprocals = tl.sum(flagged | (_float32_bits(q_reciprocal) << _HIGH_SHIFT), axis=0)
+    return (tl.where(here, tl.sum(token.to(tl.int32), axis=0), replay_tokens),
+            tl.where(here, reciprocals, replay_reciprocals))
+
+
+@triton.jit
+def _float32_bits(reciprocal):
+    return reciprocal.to(tl.float32).to(tl.int32, bitcast=True).to(tl.int64) & _LOW_MASK
+
+
+@triton.jit
+def _float32_of(bits):
+    return (bits & _MAGNITUDE_MASK).to(tl.int32).to(tl.float32, bitcast=True).to(tl.float64)
+
+
+@triton.jit
+def _add_words(a_token, a_reciprocals, b_token, b_reciprocals):
+    return a_token + b_token, a_reciprocals + b_reciprocals
+
+
+@triton.jit
+def replayed_rejection(replay_tokens, replay_reciprocals, slot):
+    """Rejection number ``slot`` of the current node from the replay registers: ``(token, residual flag, p
+    reciprocal, q reciprocal)``, one reduction of the two registers (every other slot adds 0)."""
+    here = tl.arange(0, replay_tokens.shape[0]) == slot
+    token, reciprocals = tl.reduce((tl.where(here, replay_tokens, 0), tl.where(here, replay_reciprocals, 0)), 0,
+                                   _add_words)
+    return (token.to(tl.int64), (reciprocals >> _SIGN_SHIFT) & 1, _float32_of(reciprocals),
+            _float32_of(reciprocals >> _HIGH_SHIFT))
 
 
 @triton.jit

@@ -82,6 +82,8 @@ void check_tree_verify_args(const TreeVerifyTensors& t) {
   TORCH_CHECK_VALUE(t.num_splits >= 1 && t.num_splits <= 65536,
                     "specdec_C::tree_verify: `num_splits` must be in [1, 65536], got ", t.num_splits);
   if (t.num_splits > 1) {
+    TORCH_CHECK_VALUE(max_nodes <= kMaxSplitNodes, "specdec_C::tree_verify: `num_splits` > 1 needs N <= ",
+                      kMaxSplitNodes, " (the replay of a node's rejections), got N = ", max_nodes);
     const int64_t stage_words = tree_verify_stage_words(batch_size, max_nodes);
     TORCH_CHECK_VALUE(t.stages.has_value(), "specdec_C::tree_verify: `num_splits` > 1 needs `stages`");
     check_dtype(*t.stages, op, "stages", at::kLong);

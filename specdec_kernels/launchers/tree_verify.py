@@ -41,9 +41,9 @@ INTERPRETER_SEARCH_TILE = 1 << 20
 INTERPRETER_MULTIPROCESSORS = 8
 INTERPRETER_MAX_SPLITS = 3
 STAGE_WORDS = 16  # int64 words of a stage record (kernels/tree_verify_stages.py)
-# A request has a stage record per node (its rejections and the sample): trees
+# A request has a stage record per node (its rejections, the nodes it enters and the sample): trees
 # above this size keep the one-program plan, which bounds the records to
-# about 66 * 1025 * 128 bytes (8.7 MB) on an H200.
+# about 66 * 1026 * 128 bytes (8.7 MB) on an H200.
 MAX_SPLIT_TREE_NODES = 1024
 
 
@@ -54,6 +54,7 @@ class LaunchConfig(NamedTuple):
     num_chunks: int
     chunk_tile: int
     search_block: int  # vocabulary tile of the top-k/top-p search
+    replay_slots: int  # split plan: rejections a node can have (< N), rounded up to a power of two; else 1
     num_splits: int  # programs per request (1: a program walks whole requests)
     chunks_per_split: int  # sampler chunks per slice of the vocabulary
 
@@ -108,8 +109,9 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
     # The search's [rows, candidates, search_block] tile: the GPU's budget (the other tiles'), or wide
     # under the interpreter, where fewer, larger steps are faster.
     search_tile = TILE if tile <= TILE else INTERPRETER_SEARCH_TILE
+    replay_slots = next_power_of_2(max(tree_size - 1, 1)) if num_splits > 1 else 1
     return LaunchConfig(rows, block_n, block_v, num_chunks, chunk_tile, search_block(block_v, search_tile, rows),
-                        num_splits, chunks_per_split)
+                        replay_slots, num_splits, chunks_per_split)
 
 
 # Under Triton before 3.9 (the GPU machines' 3.6), where these spilled at 8 warps and 128 registers: split
@@ -150,7 +152,7 @@ def triton_workspace_specs(batch_size: int, tree_size: int, vocab_size: int, mul
     ``rows`` is :func:`scratch_rows` (2 covers every call); ``multiprocessors``
     ``None`` means the interpreter. Every size is non-decreasing in ``B``,
     ``N`` and ``V``, so reserving for the largest call covers the smaller
-    ones. The stage records of split requests (``N + 1`` records per request,
+    ones. The stage records of split requests (``N + 2`` records per request,
     for at most :func:`split_batch_bound` requests, trees of at most
     ``MAX_SPLIT_TREE_NODES`` nodes) are counters: every call
     leaves them at zero, a wait that gave up included
@@ -158,7 +160,7 @@ def triton_workspace_specs(batch_size: int, tree_size: int, vocab_size: int, mul
     """
     num_chunks = cdiv(vocab_size, CHUNK_SIZE)
     split_requests = min(batch_size, split_batch_bound(multiprocessors))
-    stages = min(tree_size, MAX_SPLIT_TREE_NODES) + 1
+    stages = min(tree_size, MAX_SPLIT_TREE_NODES) + 2
     return {
         "tree_verify.scratch": (batch_size * rows * vocab_size, torch.float32),
         "tree_verify.chunk_total": (batch_size * num_chunks, torch.int64),
@@ -225,7 +227,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             TRUNCATE=truncate,
             HAS_BONUS=bonus_token_ids is not None, SPLIT=config.num_splits > 1, SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_N=config.block_n, BLOCK_V=config.block_v, CHUNK_TILE=config.chunk_tile,
-            enable_fp_fusion=False,
+            REPLAY_SLOTS=config.replay_slots, enable_fp_fusion=False,
             **(launch_options(config, truncate) if device.type == "cuda" else {"num_warps": NUM_WARPS}),
         )
     return accepted_nodes, output, num_accepted

@@ -81,10 +81,11 @@
 // outputs. A block may start long after the others have moved on, so nothing
 // it reads may have been overwritten: no workspace row is written; the
 // current rows are the node's input rows with every rejection at the node
-// replayed in order from its record (token, residual flag and the float32
-// reciprocals, written alike by every block from the same totals), the map
-// apply_pending applies, so the same bits. k rejections at a node cost k
-// passes of O(k) arithmetic per entry. Each block counts itself out at the
+// replayed in order (token, residual flag and the float32 reciprocals, which
+// every block derives alike from the stage's totals and keeps in shared
+// memory, at most kMaxSplitRejections a node), the map apply_pending
+// applies, so the same bits. k rejections at a node cost k passes of O(k)
+// arithmetic per entry and no record loads. Each block counts itself out at the
 // end; the last zeroes the records it used and the counter, so the records
 // are zero between calls (zero-initialised once by the launcher's buffers).
 //
@@ -274,7 +275,7 @@ struct Row {
 
 // Everything one request needs besides the tree. kSplit: the split plan,
 // where the current rows are the input rows with the rejections at the
-// current node (stage records [replay_first, replay_end)) replayed in order
+// current node (walk.replay, as many as walk.replayed) replayed in order
 // instead of a base row and one pending rejection.
 template <class Prob, bool kSplit = false>
 struct Walk {
@@ -286,11 +287,11 @@ struct Walk {
   bool logits;
   float temperature;
   int64_t vocab_size;
-  const int64_t* records;  // kSplit: the request's stage records
-  int64_t replay_first, replay_end;
+  Pending* replay;  // kSplit: the current node's rejections, in order (the block's shared memory)
+  int64_t replayed;       // how many
 
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool rejected() const {
-    return kSplit ? replay_end > replay_first : pending.token >= 0;
+    return kSplit ? replayed > 0 : pending.token >= 0;
   }
 
   // The current p and q at `index` from the base ones (q: anything without a
@@ -314,14 +315,14 @@ struct Walk {
   }
 
   // The rejections at the current node applied to [first, first + kCount)
-  // of the input rows: the pending one, or (kSplit) each recorded one in
+  // of the input rows: the pending one, or (kSplit) each one at the node in
   // order, the same float32 map, so the same bits.
   template <int kCount>
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void apply_rejections(int64_t first, float (&p)[kCount],
                                                                 float (&q)[kCount]) const {
     if (kSplit) {
-      for (int64_t stage = replay_first; stage < replay_end; ++stage) {
-        const Pending rejection = recorded_rejection(records + stage * kStageWords);
+      for (int64_t slot = 0; slot < replayed; ++slot) {
+        const Pending rejection = replay[slot];
         SPECDEC_UNROLL
         for (int j = 0; j < kCount; ++j) apply(rejection, first + j, p[j], q[j]);
       }
@@ -462,9 +463,10 @@ SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t dr
 // Split plan: the rejection of `drawn` as one stage. The block takes slices
 // of the pass from the stage's counter until none is left, adds each
 // slice's totals and publishes it, then waits for every slice (each taken by
-// a running block) and records the rejection, which every block derives
-// from the same totals. The walk replays it from then on. False once the
-// request has failed (a wait gave up): the walk ends there.
+// a running block) and derives the rejection from the totals, as every
+// block does, into the node's replay list in shared memory: the walk
+// replays it from there, reading no record per span. False once the request
+// has failed (a wait gave up): the walk ends there.
 template <class Block, class Prob>
 SPECDEC_HOST_DEVICE bool reject_split(const Block& block, Walk<Prob, true>& walk, int64_t drawn, SplitPlan& plan) {
   int64_t* record = plan.records + plan.stage * kStageWords;
@@ -475,9 +477,12 @@ SPECDEC_HOST_DEVICE bool reject_split(const Block& block, Walk<Prob, true>& walk
     publish_totals(block, record, rejection_pass(block, walk, drawn, lo, hi, false));
   }
   const bool complete = wait_for_stage(block, plan, record);
-  record_rejection(block, record, rejection_of(drawn, stage_totals(block, record)));
+  const Pending rejection = rejection_of(drawn, stage_totals(block, record));
+  // The slot's last readers (a replay at an earlier node) passed the barriers of this pass.
+  if (block.thread() == 0) walk.replay[walk.replayed] = rejection;
+  block.sync();  // every thread replays it
+  ++walk.replayed;
   ++plan.stage;
-  walk.replay_end = plan.stage;
   return complete;
 }
 
@@ -538,10 +543,12 @@ SPECDEC_HOST_DEVICE Truncation target_truncation(const Block& block, TruncationH
 
 // One block: request `b`'s walk and outputs. `histogram` is the block's
 // shared memory for the truncation search. kSplit: the split plan, block
-// `rank` of the request's args.num_splits (rank 0 stores the outputs).
+// `rank` of the request's args.num_splits (rank 0 stores the outputs), and
+// `replay` the block's shared memory for the current node's rejections
+// (kMaxSplitRejections; args.max_nodes <= kMaxSplitNodes).
 template <class Block, class Prob, class Token, bool kSplit>
 SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyArgs& args, int64_t b, int64_t rank,
-                                           TruncationHistogram* histogram) {
+                                           TruncationHistogram* histogram, Pending* replay) {
   const int64_t max_nodes = args.max_nodes;
   const int64_t vocab_size = args.vocab_size;
   Tree<Token> tree;
@@ -580,9 +587,8 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
     const int64_t num_chunks = (vocab_size + kChunkSize - 1) / kChunkSize;
     plan.chunks_per_split = (num_chunks + plan.splits - 1) / plan.splits;
   }
-  walk.records = plan.records;
-  walk.replay_first = 0;
-  walk.replay_end = 0;
+  walk.replay = replay;
+  walk.replayed = 0;
   const bool writer = !kSplit || rank == 0;  // the one block that stores the request's outputs
   const RequestKey key = load_request_key(args.rng, b);
   // Greedy requests ignore the parameters (the argmax is always kept).
@@ -643,7 +649,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
     walk.target.input = target + child * args.target_stride_n;
     walk.draft.input = draft == nullptr ? nullptr : draft + child * args.draft_stride_n;
     walk.pending = no_pending();
-    walk.replay_first = plan.stage;  // the rejections so far were at other nodes
+    walk.replayed = 0;  // the rejections so far were at other nodes
     choice = -2;
     stats_ready = false;
     walk.target.truncation = no_truncation();
@@ -698,10 +704,12 @@ template <class Prob, class Token, bool kSplit>
 __global__ void __launch_bounds__(DeviceBlock::kThreads, 2) tree_verify_kernel(const TreeVerifyArgs args) {
   __shared__ DeviceBlock::Shared shared;
   __shared__ TruncationHistogram histogram;
+  __shared__ Pending replay[kSplit ? kMaxSplitRejections : 1];  // 24 KB split
   const DeviceBlock block = {&shared};
   const int64_t index = static_cast<int64_t>(blockIdx.x);
   const int64_t splits = kSplit ? args.num_splits : 1;
-  tree_verify_block<DeviceBlock, Prob, Token, kSplit>(block, args, index / splits, index % splits, &histogram);
+  tree_verify_block<DeviceBlock, Prob, Token, kSplit>(block, args, index / splits, index % splits, &histogram,
+                                                      replay);
 }
 #endif  // __CUDACC__
 

@@ -8,11 +8,10 @@
 //   1     slices published (`splits` once the totals are complete)
 //   2-7   the rejection totals, split at bit 31: residual, p, q without the
 //         rejected token (integer sums: the order of the adds is free)
-//   8-11  the rejection as applied: token, residual-had-mass flag, float32
-//         bits of the p and q reciprocals, written alike by every block
-//         from the same totals.
-// The records hold rejections as the walk applies them (Pending) and the
-// totals a pass makes (PassTotals), so those types live here too.
+// Every block derives the rejection (Pending) from those totals alike and
+// keeps the current node's rejections in shared memory to replay them, so
+// the rejection is not recorded. The rejections the walk applies (Pending)
+// and the totals a pass makes (PassTotals) live here with the records.
 //
 // This header includes no torch header.
 #pragma once
@@ -31,10 +30,11 @@ namespace specdec {
 // kStageWords * b * (N + 1), the last its end record (below).
 // Words 0-1, the slice counters: stage_records.cuh.
 constexpr int64_t kTotalsWord = 2;      // six words: residual, p, q without the token; high31 then low31
-constexpr int64_t kTokenWord = 8;       // the rejection as applied: token,
-constexpr int64_t kResidualWord = 9;    // residual-had-mass flag,
-constexpr int64_t kTargetReciprocalWord = 10;  // float32 bits of the p reciprocal,
-constexpr int64_t kDraftReciprocalWord = 11;   // and of the q reciprocal
+// The split plan's trees have at most this many nodes (launchers/tree_verify.py
+// MAX_SPLIT_TREE_NODES; the binding checks it), so a node has at most
+// kMaxSplitRejections rejections to replay.
+constexpr int64_t kMaxSplitNodes = 1024;
+constexpr int64_t kMaxSplitRejections = kMaxSplitNodes - 1;
 // The end record: blocks counted out, the most stages a block of the
 // request used, and its failure flag (int32, raised by a wait that gave up).
 constexpr int64_t kEndedWord = 0;
@@ -56,13 +56,6 @@ struct Pending {
 };
 
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending no_pending() { return {-1, false, 1.0f, 1.0f}; }
-
-// Split plan: a rejection as its stage record holds it.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending recorded_rejection(const int64_t* record) {
-  return {record_word(record, kTokenWord), record_word(record, kResidualWord) != 0,
-          bits_as_float(static_cast<uint32_t>(record_word(record, kTargetReciprocalWord))),
-          bits_as_float(static_cast<uint32_t>(record_word(record, kDraftReciprocalWord)))};
-}
 
 struct RejectionTotals {
   SplitTotal residual, target;
@@ -124,19 +117,6 @@ SPECDEC_HOST_DEVICE PassTotals stage_totals(const Block& block, const int64_t* r
     words[word] = static_cast<uint64_t>(block.load_published(record + kTotalsWord + word));
   }
   return {{{words[0], words[1]}, {words[2], words[3]}}, {words[4], words[5]}};
-}
-
-// Stores the rejection as the replay applies it (every block stores the same
-// values), visible to the block's threads, which read it from L2.
-template <class Block>
-SPECDEC_HOST_DEVICE void record_rejection(const Block& block, int64_t* record, const Pending& rejection) {
-  if (block.thread() == 0) {
-    record[kTokenWord] = rejection.token;
-    record[kResidualWord] = rejection.residual ? 1 : 0;
-    record[kTargetReciprocalWord] = static_cast<int64_t>(float_as_bits(rejection.target_reciprocal));
-    record[kDraftReciprocalWord] = static_cast<int64_t>(float_as_bits(rejection.draft_reciprocal));
-  }
-  block.sync();
 }
 
 // Split plan: counts the block out; the request's last block puts the
