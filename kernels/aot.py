@@ -152,6 +152,15 @@ EAGLE_OUTPUTS_SHAPES = (
 )
 
 
+# The FlashInfer adapter's counter kernel (kernels/flashinfer_counters.py), one program per request:
+# (drafts K, token dtype, probability dtype, per-request seed and offset tensors, accumulate).
+FLASHINFER_COUNTERS_SHAPES = (
+    (1, "i32", "fp32", False, True),
+    (7, "i64", "bf16", True, False),
+    (16, "i32", "fp16", True, True),
+)
+
+
 def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
     """The ``tt.divisibility = 16`` attributes Triton's JIT gives these arguments (what a real launch compiles).
 
@@ -294,6 +303,39 @@ def eagle_layout_variants():
         attrs = _jit_divisibility(signature, values, _eagle_outputs_kernel)
         name = f"eagle_outputs N={tree_size} W={width} index {index_dtype}{' in place' if in_place else ''}"
         variants.append((name, _eagle_outputs_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
+    return variants
+
+
+def flashinfer_counters_variants():
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the FlashInfer adapter's counter kernel."""
+    from specdec_kernels.launchers.flashinfer_counters import NUM_WARPS
+    from specdec_kernels.launchers._shapes import next_power_of_2
+
+    from .flashinfer_counters import _flashinfer_counters_kernel
+
+    variants = []
+    vocab = 128256
+    for max_drafts, ids_dtype, dtype, per_request, accumulate in FLASHINFER_COUNTERS_SHAPES:
+        signature = {
+            "ids_ptr": f"*{ids_dtype}", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
+            "num_accepted_ptr": "*i32", "accepted_count_ptr": "*i32", "emitted_count_ptr": "*i32",
+            "seed_ptr": "*i64", "seed_low": "i32", "seed_high": "i32",
+            "offset_ptr": "*i64", "offset_low": "i32", "offset_high": "i32",
+            "max_drafts": "i32", "vocab_size": "i32",
+            "stride_ids_b": "i32", "stride_target_b": "i32", "stride_target_k": "i32",
+            "stride_draft_b": "i32", "stride_draft_k": "i32",
+        }
+        constexprs = {"SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": per_request,
+                      "OFFSET_PER_REQUEST": per_request, "ACCUMULATE": accumulate,
+                      "BLOCK_K": next_power_of_2(max_drafts)}
+        signature.update({key: "constexpr" for key in constexprs})
+        values = {"max_drafts": max_drafts, "vocab_size": vocab, "stride_ids_b": max_drafts,
+                  "stride_target_b": (max_drafts + 1) * vocab, "stride_target_k": vocab,
+                  "stride_draft_b": max_drafts * vocab, "stride_draft_k": vocab}
+        attrs = _jit_divisibility(signature, values, _flashinfer_counters_kernel)
+        name = f"flashinfer_counters K={max_drafts} {ids_dtype} {dtype}{' seeds' if per_request else ''}" \
+               f"{' accumulate' if accumulate else ''}"
+        variants.append((name, _flashinfer_counters_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
     return variants
 
 
@@ -457,7 +499,7 @@ def all_variants():
     """Every compiled variant of every Triton kernel (``options``: a dict, or a function of the target's
     capability)."""
     return (chain_verify_variants() + tree_verify_variants() + build_tree_variants() + compact_kv_variants()
-            + tree_attention_variants() + eagle_layout_variants())
+            + tree_attention_variants() + eagle_layout_variants() + flashinfer_counters_variants())
 
 
 def _ptxas_path(capability: int) -> str:

@@ -17,6 +17,7 @@ import torch
 
 import specdec_kernels as sk
 from conftest import backend_or_skip
+from op_recording import recorded_ops
 from specdec_kernels.adapters import sglang
 
 BACKENDS = ["reference", "triton", "cuda"]
@@ -545,36 +546,13 @@ def test_a_candidate_without_target_probability_is_never_accepted(backend, devic
 
 def test_triton_path_is_three_launches_and_allocations():
     """With the Triton kernels the adapter issues tree_verify, its own two launches and allocations, nothing
-    else (before them it issued about 50 small torch ops around tree_verify). The launchers run with the
-    dispatch mode off, so the interpreter's own tensor copies are not counted as the adapter's."""
+    else (before them it issued about 50 small torch ops around tree_verify)."""
     backend_or_skip("tree_verify", "triton", "cpu")
-    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-
-    seen = []
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
-
-    def launch(original):
-        def run(*args, **kwargs):
-            seen.append(original.__name__)
-            with _disable_current_modes():
-                return original(*args, **kwargs)
-        return run
-
     generator = torch.Generator().manual_seed(3)
     _, candidates, layout, target, _, temperature = random_batch(generator, 4, [3, 3, 3], 7)
-    patch = pytest.MonkeyPatch()
-    patch.setattr(sglang, "triton_eagle_parents", launch(sglang.triton_eagle_parents))
-    patch.setattr(sglang, "triton_eagle_outputs", launch(sglang.triton_eagle_outputs))
-    try:
-        with Record():
-            sglang.eagle_tree_verify(candidates, *layout, target, spec_steps=2, temperature=temperature, seed=8,
-                                     backend="triton")
-    finally:
-        patch.undo()
+    with recorded_ops(sglang, ["triton_eagle_parents", "triton_eagle_outputs"]) as seen:
+        sglang.eagle_tree_verify(candidates, *layout, target, spec_steps=2, temperature=temperature, seed=8,
+                                 backend="triton")
     assert [op for op in seen if op != "aten.empty"] == ["triton_eagle_parents", "specdec.tree_verify",
                                                            "triton_eagle_outputs"]
     assert seen.count("aten.empty") == 3  # predicts, accept_index, accept_token_num

@@ -201,7 +201,7 @@ def eagle_tree_verify(
         _validate_layout(check, retrive_index, retrive_next_token, retrive_next_sibling, depth, spec_steps)
 
     device = candidates.device
-    kernels = _backend.resolve("tree_verify", backend, device) != "reference" and _triton_runs_on(device)
+    kernels = _backend.resolve("tree_verify", backend, device) != "reference" and _backend.triton_runs_on(device)
     in_place = predicts is not None
     if kernels and not in_place:
         predicts = torch.empty((batch_size * tree_size + 1,), dtype=torch.int32, device=device)
@@ -227,13 +227,6 @@ def eagle_tree_verify(
         predicts = _sglang_outputs(accepted_nodes, output_token_ids, num_accepted, retrive_index, predicts,
                                    accept_index, accept_token_num)
     return predicts, accept_index, accept_token_num
-
-
-def _triton_runs_on(device) -> bool:
-    """Whether the adapter's own Triton kernels can run on ``device`` (a GPU, or the CPU interpreter)."""
-    if _backend.triton_import_error() is not None:
-        return False
-    return device.type == "cuda" or (device.type == "cpu" and _backend.triton_interpreter_enabled())
 
 
 def _check_outputs(check, predicts, accept_index, accept_token_num, batch_size, tree_size, spec_steps):
