@@ -136,6 +136,31 @@ TREE_ATTENTION_SHAPES = (
 )
 
 
+# The SGLang adapter's kernels (kernels/eagle_layout.py), one program per request.
+# Parents: (tree size, links dtype, depth limited, predicts cleared): EAGLE
+# sizes and a 1024-node tree (the widest tile, 10 pointer-jumping rounds).
+EAGLE_PARENTS_SHAPES = (
+    (8, "i64", True, True),
+    (64, "i32", True, False),
+    (1024, "i64", True, True),
+)
+# Outputs: (tree size, accept_index width, retrive_index dtype, in place).
+EAGLE_OUTPUTS_SHAPES = (
+    (64, 7, "i64", False),
+    (64, 7, "i32", True),
+    (1024, 17, "i64", True),
+)
+
+
+# The FlashInfer adapter's counter kernel (kernels/flashinfer_counters.py), one program per request:
+# (drafts K, token dtype, probability dtype, per-request seed and offset tensors, accumulate).
+FLASHINFER_COUNTERS_SHAPES = (
+    (1, "i32", "fp32", False, True),
+    (7, "i64", "bf16", True, False),
+    (16, "i32", "fp16", True, True),
+)
+
+
 def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
     """The ``tt.divisibility = 16`` attributes Triton's JIT gives these arguments (what a real launch compiles).
 
@@ -236,6 +261,81 @@ def build_tree_variants():
                   "stride_parents_n": 1, "stride_num_nodes": 1, "stride_prefix": 1}
         attrs = _jit_divisibility(signature, values, _build_tree_kernel)
         variants.append((name, _build_tree_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
+    return variants
+
+
+def eagle_layout_variants():
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the SGLang adapter's two kernels."""
+    from specdec_kernels.launchers.eagle_layout import NUM_WARPS, rounds
+    from specdec_kernels.launchers._shapes import next_power_of_2
+
+    from .eagle_layout import _eagle_outputs_kernel, _eagle_parents_kernel
+
+    variants = []
+    for tree_size, links_dtype, limit_depth, clear_predicts in EAGLE_PARENTS_SHAPES:
+        signature = {
+            "next_token_ptr": f"*{links_dtype}", "next_sibling_ptr": f"*{links_dtype}", "parents_ptr": "*i32",
+            "scratch_ptr": "*i32", "predicts_ptr": "*i32", "tree_size": "i32", "spec_steps": "i32",
+            "num_predicts": "i32", "stride_next_token_b": "i32", "stride_next_sibling_b": "i32",
+            "stride_parents_b": "i32",
+        }
+        constexprs = {"LIMIT_DEPTH": limit_depth, "CLEAR_PREDICTS": clear_predicts, "ROUNDS": rounds(tree_size),
+                      "BLOCK_N": next_power_of_2(tree_size)}
+        signature.update({key: "constexpr" for key in constexprs})
+        values = {"tree_size": tree_size, "spec_steps": 5, "num_predicts": 64 * tree_size + 1,
+                  "stride_next_token_b": tree_size, "stride_next_sibling_b": tree_size, "stride_parents_b": tree_size}
+        attrs = _jit_divisibility(signature, values, _eagle_parents_kernel)
+        name = f"eagle_parents N={tree_size} links {links_dtype}{' depth' if limit_depth else ''}" \
+               f"{' clear' if clear_predicts else ''}"
+        variants.append((name, _eagle_parents_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
+    for tree_size, width, index_dtype, in_place in EAGLE_OUTPUTS_SHAPES:
+        signature = {
+            "accepted_ptr": "*i32", "tokens_ptr": "*i32", "num_accepted_ptr": "*i32",
+            "retrive_index_ptr": f"*{index_dtype}", "predicts_ptr": "*i32", "accept_index_ptr": "*i32",
+            "accept_token_num_ptr": "*i32", "tree_size": "i32", "width": "i32", "num_rows": "i32",
+            "stride_accepted_b": "i32", "stride_tokens_b": "i32", "stride_retrive_b": "i32",
+            "stride_accept_index_b": "i32",
+        }
+        constexprs = {"IN_PLACE": in_place, "BLOCK_W": next_power_of_2(width)}
+        signature.update({key: "constexpr" for key in constexprs})
+        values = {"tree_size": tree_size, "width": width, "num_rows": 64 * tree_size, "stride_accepted_b": tree_size,
+                  "stride_tokens_b": tree_size, "stride_retrive_b": tree_size, "stride_accept_index_b": width}
+        attrs = _jit_divisibility(signature, values, _eagle_outputs_kernel)
+        name = f"eagle_outputs N={tree_size} W={width} index {index_dtype}{' in place' if in_place else ''}"
+        variants.append((name, _eagle_outputs_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
+    return variants
+
+
+def flashinfer_counters_variants():
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the FlashInfer adapter's counter kernel."""
+    from specdec_kernels.launchers.flashinfer_counters import NUM_WARPS
+    from specdec_kernels.launchers._shapes import next_power_of_2
+
+    from .flashinfer_counters import _flashinfer_counters_kernel
+
+    variants = []
+    vocab = 128256
+    for max_drafts, ids_dtype, dtype, per_request, accumulate in FLASHINFER_COUNTERS_SHAPES:
+        signature = {
+            "ids_ptr": f"*{ids_dtype}", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
+            "num_accepted_ptr": "*i32", "accepted_count_ptr": "*i32", "emitted_count_ptr": "*i32",
+            "seed_ptr": "*i64", "seed_low": "i32", "seed_high": "i32",
+            "offset_ptr": "*i64", "offset_low": "i32", "offset_high": "i32",
+            "max_drafts": "i32", "vocab_size": "i32",
+            "stride_ids_b": "i32", "stride_target_b": "i32", "stride_target_k": "i32",
+            "stride_draft_b": "i32", "stride_draft_k": "i32",
+        }
+        constexprs = {"SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": per_request,
+                      "OFFSET_PER_REQUEST": per_request, "ACCUMULATE": accumulate,
+                      "BLOCK_K": next_power_of_2(max_drafts)}
+        signature.update({key: "constexpr" for key in constexprs})
+        values = {"max_drafts": max_drafts, "vocab_size": vocab, "stride_ids_b": max_drafts,
+                  "stride_target_b": (max_drafts + 1) * vocab, "stride_target_k": vocab,
+                  "stride_draft_b": max_drafts * vocab, "stride_draft_k": vocab}
+        attrs = _jit_divisibility(signature, values, _flashinfer_counters_kernel)
+        name = f"flashinfer_counters K={max_drafts} {ids_dtype} {dtype}{' seeds' if per_request else ''}" \
+               f"{' accumulate' if accumulate else ''}"
+        variants.append((name, _flashinfer_counters_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
     return variants
 
 
@@ -399,7 +499,7 @@ def all_variants():
     """Every compiled variant of every Triton kernel (``options``: a dict, or a function of the target's
     capability)."""
     return (chain_verify_variants() + tree_verify_variants() + build_tree_variants() + compact_kv_variants()
-            + tree_attention_variants())
+            + tree_attention_variants() + eagle_layout_variants() + flashinfer_counters_variants())
 
 
 def _ptxas_path(capability: int) -> str:

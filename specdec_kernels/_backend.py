@@ -39,6 +39,17 @@ def triton_import_error() -> str | None:
     return None
 
 
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether Triton kernels can run on ``device``: a GPU, or the CPU under ``TRITON_INTERPRET=1``.
+
+    For kernels that are not ops of their own (the adapters' conversions), run
+    beside an op whose backend was resolved by :func:`resolve`.
+    """
+    if triton_import_error() is not None:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and triton_interpreter_enabled())
+
+
 def _triton_unavailable(op_name: str, device: torch.device) -> str | None:
     if op_name not in TRITON_OPS:
         return f"there is no Triton kernel for {op_name} yet: use backend='reference'"

@@ -29,7 +29,8 @@ One Philox call takes a 64-bit key and a 128-bit counter and returns four
 * ``stream`` (< 256) separates the uses, so no two ever share a counter:
   ``ACCEPT_STREAM`` (0) acceptance tests, ``SAMPLE_STREAM`` (1) the
   residual/bonus sample, ``DRAFT_STREAM`` (2) draft-side sampling.
-* ``index`` is the vocabulary chunk for the sampler's draws, 0 otherwise.
+* ``index`` is the vocabulary chunk for the sampler's draws, 0 otherwise
+  (1 for the FlashInfer adapter's second acceptance test, ``docs/rng.md``).
 
 Philox4x32-10 round, with ``M0 = 0xD2511F53``, ``M1 = 0xCD9E8D57``::
 

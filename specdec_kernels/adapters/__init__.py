@@ -2,8 +2,10 @@
 
 ``sk.adapters.sglang``: SGLang's EAGLE trees (linked lists of children and
 siblings, outputs indexed by flattened token position) onto ``sk.tree_verify``.
+``sk.adapters.flashinfer``: FlashInfer's ``chain_speculative_sampling``
+(signature, outputs and counters) onto ``sk.chain_verify``.
 """
 
-from . import sglang
+from . import flashinfer, sglang
 
-__all__ = ["sglang"]
+__all__ = ["flashinfer", "sglang"]

@@ -15,6 +15,29 @@ indices, sorted), and each parent's list of children runs in increasing slot
 order (children are pushed onto the head of the list from the last slot to
 the first). So the node numbering is kept as it is; only ``parents`` is
 derived from the links, on the device (``parents_from_links``).
+
+Launches (Triton or CUDA backend, a GPU or the interpreter): three. The
+first converts the links to ``parents`` (and, when ``predicts`` is not
+given, sets the new ``predicts`` to ``-1`` in the same launch), the second
+is ``tree_verify``'s, the third writes ``predicts``, ``accept_index`` and
+``accept_token_num`` (``kernels/eagle_layout.py``). With
+``backend="reference"`` both conversions are plain torch ops.
+
+SGLang's own buffers, as its callers allocate them
+(``python/sglang/srt/speculative/eagle_info.py``,
+``EagleVerifyInput.verify``) and sgl-kernel's verifiers write them
+(``sgl-kernel/csrc/speculative/speculative_sampling.cuh``,
+``TreeSpeculativeSamplingTargetOnly``; ``eagle_utils.cu``,
+``VerifyTreeGreedy``): ``predict`` is ``torch.empty`` int32 of shape
+``[B * N + 1]`` (the logits' leading shape ``[B * N]`` plus one row), of
+which the kernels write only the accepted path's rows; ``accept_index`` is
+int32 ``[B, spec_steps + 1]`` filled with ``-1`` by the caller, the kernels
+writing the path's entries; ``accept_length`` (newer SGLang:
+``num_correct_drafts``) is ``torch.empty`` int32 ``[B]``, written for every
+request. The adapter takes tensors of exactly these shapes and dtypes as
+``predicts``, ``accept_index`` and ``accept_token_num``, and writes them the
+same way (``accept_index`` in full, its ``-1`` padding included, so a
+``torch.empty`` one works too).
 """
 
 from __future__ import annotations
@@ -23,7 +46,8 @@ import operator
 
 import torch
 
-from .. import _validation
+from .. import _backend, _validation
+from ..launchers.eagle_layout import rounds, triton_eagle_outputs, triton_eagle_parents
 from ..ops.build_tree import build_tree
 from ..ops.tree_verify import tree_verify
 
@@ -49,6 +73,9 @@ def eagle_tree_verify(
     top_p=None,
     min_p=None,
     bonus_token_ids=None,
+    predicts=None,
+    accept_index=None,
+    accept_token_num=None,
     backend="auto",
     validate=False,
 ):
@@ -64,7 +91,8 @@ def eagle_tree_verify(
     default thresholds (``1.0``; the lossy thresholds below 1 are not
     offered). ``T = 0`` requests are greedy, as ``verify_tree_greedy``.
     Everything runs on the device without a host read (except under
-    ``validate=True``).
+    ``validate=True``): three launches on the Triton and CUDA backends (the
+    module docstring says which).
 
     Parameters
     ----------
@@ -91,6 +119,14 @@ def eagle_tree_verify(
         Default ``N - 1`` (no limit).
     temperature, logits, draft_sampling, seed, offset, top_k, top_p, min_p, bonus_token_ids, backend
         As in :func:`specdec_kernels.tree_verify`.
+    predicts : Tensor, int32 ``[B * N + 1]`` or ``[B * N]``, optional
+        SGLang's ``predict`` buffer, written in place: only the accepted
+        path's rows change, as with sgl-kernel. Default: a new ``[B * N + 1]``
+        tensor, ``-1`` off the path.
+    accept_index : Tensor, int32 ``[B, spec_steps + 1]``, optional
+        Written in place, every entry. Default: a new tensor.
+    accept_token_num : Tensor, int32 ``[B]``, optional
+        SGLang's ``accept_length``, written in place. Default: a new tensor.
     validate : bool
         Also check the layout on the host (synchronises) and raise
         ``ValueError`` on a link that is not ``-1`` or a later slot of the
@@ -102,16 +138,17 @@ def eagle_tree_verify(
         which ``tree_verify`` ignores a node whose parent does not precede it
         and tries siblings in slot order; rows of ``retrive_index`` outside
         ``[0, B * N)`` are left out of ``predicts``, and where two accepted
-        nodes share a row it holds the larger token.
+        nodes share a row it holds the larger token (in a caller's
+        ``predicts`` on the Triton and CUDA backends, rows shared by two
+        requests hold one of their tokens).
 
     Returns
     -------
-    predicts : Tensor, int32 ``[B * N]``
+    predicts : Tensor, int32 ``[B * N + 1]`` (or the given one)
         At the row ``accept_index[b, j]`` of each accepted node, the token
         that follows it: the next accepted node's token, and after the last
-        one the token the target chose. ``-1`` elsewhere (SGLang leaves those
-        rows unwritten). So ``predicts[accept_index[b, :accept_token_num[b] +
-        1]]`` are request ``b``'s new tokens.
+        one the token the target chose. So ``predicts[accept_index[b,
+        :accept_token_num[b] + 1]]`` are request ``b``'s new tokens.
     accept_index : Tensor, int32 ``[B, spec_steps + 1]``
         ``retrive_index`` of the accepted path's nodes, root first, then
         ``-1``.
@@ -121,7 +158,7 @@ def eagle_tree_verify(
     Shape:
         - candidates, retrive_index, retrive_next_token, retrive_next_sibling: ``[B, N]``
         - target, draft: ``[B, N, V]``
-        - predicts: ``[B * N]``; accept_index: ``[B, spec_steps + 1]``; accept_token_num: ``[B]``
+        - predicts: ``[B * N + 1]``; accept_index: ``[B, spec_steps + 1]``; accept_token_num: ``[B]``
 
     Examples
     --------
@@ -138,7 +175,7 @@ def eagle_tree_verify(
     >>> predicts, accept_index, accept_token_num = sk.adapters.sglang.eagle_tree_verify(
     ...     candidates, retrive_index, next_token, next_sibling, target, spec_steps=2, temperature=0.0)
     >>> predicts.tolist(), accept_index.tolist(), accept_token_num.tolist()
-    ([2, -1, 6, -1], [[0, 2, -1]], [1])
+    ([2, -1, 6, -1, -1], [[0, 2, -1]], [1])
     """
     if not isinstance(candidates, torch.Tensor):
         raise TypeError(f"{OP_NAME}: `candidates` must be a torch.Tensor; got {type(candidates).__name__}")
@@ -159,27 +196,56 @@ def eagle_tree_verify(
         spec_steps = operator.index(spec_steps)
         if spec_steps < 0:
             check.fail(f"`spec_steps` must be an int >= 0; got {spec_steps}")
-
-    parents = parents_from_links(retrive_next_token, retrive_next_sibling)
-    limits_depth = spec_steps < tree_size - 1
-    if validate or limits_depth:
-        depth = build_tree(parents, backend=backend).depth
+    _check_outputs(check, predicts, accept_index, accept_token_num, batch_size, tree_size, spec_steps)
     if validate:
+        depth = build_tree(parents_from_links(retrive_next_token, retrive_next_sibling), backend=backend).depth
         _validate_layout(check, retrive_index, retrive_next_token, retrive_next_sibling, depth, spec_steps)
-    if limits_depth:
-        # Unlinking the nodes below depth spec_steps makes their parents leaves
-        # of the tree tree_verify sees (it never visits a node whose parent
-        # is -1): the path stops there and the target's row is sampled, as in
-        # SGLang's kernels, which stop after spec_steps acceptances.
-        parents = torch.where(depth > spec_steps, -1, parents)
+
+    device = candidates.device
+    kernels = _backend.resolve("tree_verify", backend, device) != "reference" and _backend.triton_runs_on(device)
+    in_place = predicts is not None
+    if kernels and not in_place:
+        predicts = torch.empty((batch_size * tree_size + 1,), dtype=torch.int32, device=device)
+    if kernels:
+        parents = triton_eagle_parents(retrive_next_token, retrive_next_sibling, spec_steps,
+                                       None if in_place else predicts)
+    else:
+        parents = limit_depth(parents_from_links(retrive_next_token, retrive_next_sibling), spec_steps, backend)
 
     accepted_nodes, output_token_ids, num_accepted = tree_verify(
         candidates, parents, target, draft, temperature=temperature, logits=logits,
         draft_sampling=draft_sampling, seed=seed, offset=offset, top_k=top_k, top_p=top_p, min_p=min_p,
         bonus_token_ids=bonus_token_ids, backend=backend, validate=validate,
     )
-    predicts, accept_index = _sglang_outputs(accepted_nodes, output_token_ids, retrive_index, spec_steps)
-    return predicts, accept_index, num_accepted
+    if accept_index is None:
+        accept_index = torch.empty((batch_size, spec_steps + 1), dtype=torch.int32, device=device)
+    if accept_token_num is None:
+        accept_token_num = torch.empty((batch_size,), dtype=torch.int32, device=device)
+    if kernels:
+        triton_eagle_outputs(accepted_nodes, output_token_ids, num_accepted, retrive_index, predicts, accept_index,
+                             accept_token_num, in_place)
+    else:
+        predicts = _sglang_outputs(accepted_nodes, output_token_ids, num_accepted, retrive_index, predicts,
+                                   accept_index, accept_token_num)
+    return predicts, accept_index, accept_token_num
+
+
+def _check_outputs(check, predicts, accept_index, accept_token_num, batch_size, tree_size, spec_steps):
+    """The caller's output buffers: SGLang's shapes, int32, on the device, unit last stride (kernels write rows)."""
+    num_rows = batch_size * tree_size
+    if predicts is not None:
+        if isinstance(predicts, torch.Tensor) and predicts.dim() == 1 and predicts.shape[0] == num_rows:
+            check.tensor("predicts", predicts, (num_rows,), (torch.int32,), "[B * N]")
+        else:
+            check.tensor("predicts", predicts, (num_rows + 1,), (torch.int32,), "[B * N + 1]")
+    check.optional_tensor("accept_index", accept_index, (batch_size, spec_steps + 1), (torch.int32,),
+                          "[B, spec_steps + 1]")
+    check.optional_tensor("accept_token_num", accept_token_num, (batch_size,), (torch.int32,), "[B]")
+    for name, value in (("predicts", predicts), ("accept_index", accept_index),
+                        ("accept_token_num", accept_token_num)):
+        if value is not None and value.numel() > 0 and value.stride(-1) != 1:
+            check.fail(f"`{name}` must have a unit last stride (it is written in place); got strides "
+                       f"{list(value.stride())}")
 
 
 def parents_from_links(retrive_next_token, retrive_next_sibling):
@@ -211,9 +277,9 @@ def parents_from_links(retrive_next_token, retrive_next_sibling):
     parent_of_first_child = _smallest_source(retrive_next_token, nodes)
     previous_sibling = _smallest_source(retrive_next_sibling, nodes)
     # head[i] walks back 2**k siblings per round; a list holds at most N - 1
-    # nodes, so (N - 1).bit_length() rounds reach every head.
+    # nodes, so ceil(log2 N) rounds reach every head.
     head = torch.where(previous_sibling < tree_size, previous_sibling, nodes)
-    for _ in range((tree_size - 1).bit_length()):
+    for _ in range(rounds(tree_size)):
         head = head.gather(1, head)
     parents = parent_of_first_child.gather(1, head)
     return torch.where((parents < tree_size) & (nodes > 0), parents, -1).to(torch.int32)
@@ -229,23 +295,48 @@ def _smallest_source(links, nodes):
     return sources[:, :tree_size]
 
 
-def _sglang_outputs(accepted_nodes, output_token_ids, retrive_index, spec_steps):
-    """``(predicts [B*N], accept_index [B, spec_steps+1])`` from the accepted path."""
+def limit_depth(parents, spec_steps, backend="auto"):
+    """``parents`` with the nodes deeper than ``spec_steps`` unlinked (``-1``), on the device.
+
+    Unlinking them makes their parents leaves of the tree ``tree_verify``
+    sees (it never visits a node whose parent is -1): the path stops there
+    and the target's row is sampled, as in SGLang's kernels, which stop after
+    ``spec_steps`` acceptances. The depth is ``build_tree``'s (``-1`` off the
+    tree, so those nodes keep their parent); the Triton kernel
+    (``kernels/eagle_layout.py``) computes the same in its launch.
+    """
+    if spec_steps >= parents.shape[1] - 1:
+        return parents
+    return torch.where(build_tree(parents, backend=backend).depth > spec_steps, -1, parents)
+
+
+def _sglang_outputs(accepted_nodes, output_token_ids, num_accepted, retrive_index, predicts, accept_index,
+                    accept_token_num):
+    """Torch twin of ``_eagle_outputs_kernel``: writes ``accept_index`` and ``accept_token_num``, returns
+    ``predicts`` (the given one, written in place, or a new ``[B * N + 1]`` one)."""
     batch_size, tree_size = accepted_nodes.shape
-    width = spec_steps + 1
+    width = accept_index.shape[1]
     # The path has at most spec_steps + 1 nodes (deeper nodes were unlinked).
     path = _columns(accepted_nodes, width)
     tokens = _columns(output_token_ids, width)
     on_path = path >= 0
     rows = retrive_index.to(torch.int64).gather(1, path.clamp_min(0).to(torch.int64))
-    accept_index = torch.where(on_path, rows, -1).to(torch.int32)
+    accept_index.copy_(torch.where(on_path, rows, -1))
+    accept_token_num.copy_(num_accepted)
 
     num_rows = batch_size * tree_size
-    # Row num_rows takes every entry not on the path or outside [0, B*N), and is dropped.
-    slots = torch.where(on_path & (rows >= 0) & (rows < num_rows), rows, num_rows)
-    predicts = torch.full((num_rows + 1,), -1, dtype=torch.int32, device=accepted_nodes.device)
-    predicts.scatter_reduce_(0, slots.flatten(), tokens.flatten(), "amax")
-    return predicts[:num_rows], accept_index
+    # Row num_rows is SGLang's spare row (left -1); row num_rows + 1 takes every entry not on the path or
+    # outside [0, B*N), and is dropped.
+    slots = torch.where(on_path & (rows >= 0) & (rows < num_rows), rows, num_rows + 1).flatten()
+    largest = torch.full((num_rows + 2,), -1, dtype=torch.int32, device=accepted_nodes.device)
+    largest.scatter_reduce_(0, slots, tokens.flatten(), "amax")
+    if predicts is None:
+        return largest[:num_rows + 1]
+    # Only the path's rows change; a row written twice gets the same (largest) value both times.
+    sink = torch.cat([predicts[:num_rows], predicts.new_empty(2)])
+    sink.scatter_(0, slots, largest.gather(0, slots))
+    predicts[:num_rows].copy_(sink[:num_rows])
+    return predicts
 
 
 def _columns(values, width):
