@@ -6,7 +6,7 @@ K = 4 and V = 128256. On a CPU: V = 32000, small batches, reference only.
 ``--targets``: K = 4, V = 128256 at B = 1 (decode: the graph replay time) and
 B = 64, 256 (the bandwidth), both inputs, untruncated, padded.
 
-Inputs: target logits ``3 * N(0, 1)``, draft logits = target + ``0.5 * N(0, 1)``
+Inputs: target logits ``3 * N(0, 1)``, draft = softmax(target + ``0.5 * N(0, 1)``)
 (acceptance about 0.8 per position), draft tokens sampled from the draft.
 Providers: the backends, ``plain`` (a plain PyTorch verifier, the baseline the
 reference must match on a CPU) and FlashInfer when importable.
@@ -22,7 +22,8 @@ input sets):
   plus the full row of ``q`` there when it is a rejection (``a < K``; the
   bonus row needs ``p`` only), and the outputs ``[B, K+1]`` + ``[B]`` int32;
 * logits: a softmax needs its whole row, so the full target rows
-  ``0..a`` and the full draft rows ``0..min(a, K-1)``, the same ids and outputs.
+  ``0..a``; the draft (probabilities, contract v1.3) as above; the same ids
+  and outputs.
 
 Layouts: ``padded`` (``sk.chain_verify``) everywhere, and ``packed``
 (``sk.chain_verify_packed`` on the same rows, every request with ``K``
@@ -67,7 +68,7 @@ NOTES = [
     "not an expected count; mean_accepted in each row is that count.",
     "probabilities: ids up to the first rejection + p(t), q(t) gathers at accepted positions + full p row "
     "(and q row after a rejection) at the sampled position + outputs.",
-    "logits: full target rows 0..a and draft rows 0..min(a, K-1) (a softmax reads its whole row) + ids + outputs.",
+    "logits: full target rows 0..a (a softmax reads its whole row), the draft as with probabilities + ids + outputs.",
     "matches_reference: bit-exact outputs for probabilities; for logits at least 99% of requests identical "
     "(softmax rounding may differ between backends). flashinfer and plain draw their own random numbers: "
     "not compared.",
@@ -138,14 +139,14 @@ class Case:
         target_logits = torch.randn(shape, generator=generator, device=self.device) * SHARPNESS
         draft_logits = target_logits[:, :-1] + DRAFT_NOISE * torch.randn(
             (self.batch, self.max_drafts, self.vocab), generator=generator, device=self.device)
+        # The draft is probabilities with either target (contract v1.3), in the target's dtype.
         if self.logits:
-            target, draft = target_logits.to(torch.bfloat16), draft_logits.to(torch.bfloat16)
-            draft_probs = torch.softmax(draft.float(), -1)
+            target = target_logits.to(torch.bfloat16)
+            draft = torch.softmax(draft_logits.to(torch.bfloat16).float(), -1).to(torch.bfloat16)
         else:
             target, draft = torch.softmax(target_logits, -1), torch.softmax(draft_logits, -1)
-            draft_probs = draft
         del target_logits, draft_logits
-        ids = torch.multinomial(draft_probs.view(-1, self.vocab), 1, generator=generator)
+        ids = torch.multinomial(draft.float().view(-1, self.vocab), 1, generator=generator)
         ids = ids.view(self.batch, self.max_drafts).to(torch.int32)
         offset = torch.tensor(index, dtype=torch.int64, device=self.device)
         if self.packed:  # every request has K drafts: the packed rows are the padded ones, as views
@@ -171,8 +172,7 @@ class Case:
             return _flashinfer().chain_speculative_sampling(inputs["draft"], inputs["ids"], inputs["target"])
         if provider.startswith("sort+"):
             target = torch.softmax(inputs["target"].float(), -1) if self.logits else inputs["target"]
-            draft = torch.softmax(inputs["draft"].float(), -1) if self.logits else inputs["draft"]
-            return sk.chain_verify(inputs["ids"], sort_top_k_top_p(target, TOP_K, TOP_P), draft, seed=SEED,
+            return sk.chain_verify(inputs["ids"], sort_top_k_top_p(target, TOP_K, TOP_P), inputs["draft"], seed=SEED,
                                    offset=inputs["offset"], backend=provider.removeprefix("sort+"))
         truncation = dict(top_k=TOP_K, top_p=TOP_P) if self.truncated else {}
         if self.packed:
@@ -193,12 +193,10 @@ class Case:
         drafts, vocab = self.max_drafts, self.vocab
         element = inputs["target"].element_size()
         ids_read = torch.clamp(accepted + 1, max=drafts) * inputs["ids"].element_size()
-        if self.logits or self.truncated:  # a softmax or a threshold reads its whole row
-            draft_rows = torch.clamp(accepted + 1, max=drafts) if self.logits else (accepted < drafts).to(torch.int64)
-            draft_gathers = 0 if self.logits else accepted * element
-            per_request = ids_read + ((accepted + 1) + draft_rows) * vocab * element + draft_gathers
+        rejected = (accepted < drafts).to(torch.int64)
+        if self.logits or self.truncated:  # a softmax or a threshold reads its whole target row
+            per_request = ids_read + (accepted + 1 + rejected) * vocab * element + accepted * element
         else:
-            rejected = (accepted < drafts).to(torch.int64)
             per_request = ids_read + accepted * 2 * element + (1 + rejected) * vocab * element
         outputs = self.batch * (drafts + 1) * 4 + self.batch * 4
         if self.packed:

@@ -9,8 +9,8 @@ Inputs: EAGLE-like breadth-first trees (``harness.eagle_tree``: top-k 4-8
 near the root, depth 4-6; N = 8 is two children a level), the same for
 every request. Each
 node's children are drawn from the draft row of that node without
-replacement (Gumbel top-k); target logits ``3 * N(0, 1)``, draft logits =
-target + ``0.5 * N(0, 1)``; ``draft_sampling="without_replacement"``.
+replacement (Gumbel top-k); target logits ``3 * N(0, 1)``, draft =
+softmax(target + ``0.5 * N(0, 1)``); ``draft_sampling="without_replacement"``.
 
 Minimum bytes, from the measured accepted path of each request: the parents
 array, the ids of the children tried, and per node on the path:
@@ -19,8 +19,9 @@ array, the ids of the children tried, and per node on the path:
   draft rows (the residual is normalised over the vocabulary); the last node
   needs its full target row (the sample); a node whose first tried child was
   accepted needs only the gathers ``p(t)``, ``q(t)``;
-* logits: the full target row of every node on the path and the full draft
-  row of every node whose children were tried (a softmax reads its whole row);
+* logits (and truncation): the full target row of every node on the path (a
+  softmax or a threshold reads its whole row), the draft as with
+  probabilities (it is probabilities, contract v1.3);
 
 plus the outputs (two ``[B, N]`` and one ``[B]`` int32).
 """
@@ -95,8 +96,10 @@ class Case:
         shape = (self.batch, self.nodes, self.vocab)
         target_logits = torch.randn(shape, generator=generator, device=self.device) * SHARPNESS
         draft_logits = target_logits + DRAFT_NOISE * torch.randn(shape, generator=generator, device=self.device)
+        # The draft is probabilities with either target (contract v1.3), in the target's dtype.
         if self.logits:
-            target, draft = target_logits.to(torch.bfloat16), draft_logits.to(torch.bfloat16)
+            target = target_logits.to(torch.bfloat16)
+            draft = torch.softmax(draft_logits.to(torch.bfloat16).float(), -1).to(torch.bfloat16)
         else:
             target, draft = torch.softmax(target_logits, -1), torch.softmax(draft_logits, -1)
         del target_logits, draft_logits
@@ -112,7 +115,7 @@ class Case:
         tokens = torch.zeros((self.batch, self.nodes), dtype=torch.int32, device=self.device)
         for start in range(0, self.batch, 16):  # bounded temporaries at large B * N * V
             rows = draft[start:start + 16].float()
-            log_q = torch.log_softmax(rows, -1) if self.logits else torch.log(rows)
+            log_q = torch.log(rows)
             uniform = torch.rand(log_q.shape, generator=generator, device=self.device).clamp_min_(1e-20)
             top = torch.topk(log_q - torch.log(-torch.log(uniform)), widest, dim=-1).indices
             for node, kids in enumerate(self.children):
@@ -129,8 +132,8 @@ class Case:
     def call(self, provider: str, inputs: dict):
         if provider.startswith("sort+"):  # PyTorch's sort-based truncation, then the untruncated op
             target = torch.softmax(inputs["target"].float(), -1) if self.logits else inputs["target"]
-            draft = torch.softmax(inputs["draft"].float(), -1) if self.logits else inputs["draft"]
-            return sk.tree_verify(inputs["tokens"], inputs["parents"], sort_top_k_top_p(target, TOP_K, TOP_P), draft,
+            return sk.tree_verify(inputs["tokens"], inputs["parents"], sort_top_k_top_p(target, TOP_K, TOP_P),
+                                  inputs["draft"],
                                   draft_sampling="without_replacement", seed=SEED, offset=inputs["offset"],
                                   backend=provider.removeprefix("sort+"))
         truncation = dict(top_k=TOP_K, top_p=TOP_P) if self.truncated else {}
@@ -156,9 +159,7 @@ class Case:
                 tried = [child for child in kids if child <= path[step + 1]] if step < depth else kids
                 rejections = len(tried) - (1 if step < depth else 0)
                 total += len(tried) * 4  # token ids
-                if self.logits:
-                    total += row + (row if tried else 0)
-                elif self.truncated:  # a threshold reads the node's whole target row
+                if self.logits or self.truncated:  # a softmax or a threshold reads the node's whole target row
                     total += row + (row if rejections > 0 else len(tried) * element)
                 elif rejections > 0:
                     total += 2 * row

@@ -135,9 +135,8 @@ def problem(batch_size, max_drafts, vocab_size, *, logits=False, dtype=torch.flo
     draft_probs = torch.softmax(y, -1)
     ids = torch.multinomial(draft_probs.reshape(-1, vocab_size), 1, generator=generator)
     ids = ids.view(batch_size, max_drafts).to(torch.int32)
-    if logits:
-        return ids, x.to(dtype), y.to(dtype)
-    return ids, torch.softmax(x, -1).to(dtype), draft_probs.to(dtype)
+    target = x if logits else torch.softmax(x, -1)  # the draft is probabilities either way (contract v1.3)
+    return ids, target.to(dtype), draft_probs.to(dtype)
 
 
 def counters_at_zero() -> bool:
@@ -214,10 +213,9 @@ def throughput(backend):
         _, accepted = call()
         accepted = accepted.long()
         row_bytes = target.shape[-1] * target.element_size()
-        if logits:  # every target row up to the stop, every draft row before it
-            rows = (accepted + 1) + torch.clamp(accepted + 1, max=4)
-        else:  # the stop row of p, and of q after a rejection
-            rows = 1 + (accepted < 4).long()
+        # the stop row of p, and of q after a rejection; with logits every target row up to the stop (a softmax
+        # reads its whole row; the draft is probabilities, read at its tokens)
+        rows = (accepted + 1 if logits else 1) + (accepted < 4).long()
         needed = int(rows.sum()) * row_bytes
         kernel_us, sum_us = median_us(call), copy_reference_us(needed)
         ok &= counters_at_zero()

@@ -15,10 +15,8 @@ import torch
 def plain_chain_verify(draft_token_ids, target, draft, logits=False):
     """``(output_token_ids [B, K+1], num_accepted [B])`` for ``target [B, K+1, V]``, ``draft [B, K, V]``."""
     batch_size, max_drafts = draft_token_ids.shape
-    if logits:
-        target, draft = torch.softmax(target.float(), -1), torch.softmax(draft.float(), -1)
-    else:
-        target, draft = target.float(), draft.float()
+    target = torch.softmax(target.float(), -1) if logits else target.float()
+    draft = draft.float()  # probabilities either way (contract v1.3)
     ids = draft_token_ids.long()
     rows = torch.arange(batch_size, device=target.device)
     target_at = target[:, :max_drafts].gather(-1, ids.unsqueeze(-1)).squeeze(-1)
