@@ -16,6 +16,7 @@ import torch
 
 import specdec_kernels as sk
 from conftest import ALL_BACKENDS, backend_or_skip
+from kernel_law import assert_follows_the_law
 from markov import SIGNIFICANCE, MarkovModel, append_emitted, joint_pvalue
 from specdec_kernels.reference import _sampling
 
@@ -43,6 +44,8 @@ def generate(target_model, draft_model, *, max_drafts, backend, device, draft_mo
     """
     verify = verify or sk.chain_verify
     generator = torch.Generator().manual_seed(test_seed)
+    if temperature is not None:
+        temperature = temperature[:num_sequences]
     prev = torch.full((num_sequences,), START_TOKEN, dtype=torch.int64)
     tokens = torch.full((num_sequences, LENGTH), -1, dtype=torch.int64)
     produced = torch.zeros(num_sequences, dtype=torch.int64)
@@ -91,9 +94,10 @@ def exactness_pvalue(tokens, target_model):
 def test_emitted_tokens_follow_the_target(backend, vocab_size, max_drafts, draft_mode, device):
     backend_or_skip("chain_verify", backend)
     target_model, draft_model = make_models(vocab_size, seed=vocab_size)
-    tokens = generate(target_model, draft_model, max_drafts=max_drafts, backend=backend, device=device,
-                      draft_mode=draft_mode)
-    assert exactness_pvalue(tokens, target_model) >= SIGNIFICANCE
+    assert_follows_the_law(
+        lambda on, sequences: generate(target_model, draft_model, max_drafts=max_drafts, backend=on, device=device,
+                                       draft_mode=draft_mode, num_sequences=sequences),
+        backend, device, lambda tokens: exactness_pvalue(tokens, target_model), NUM_SEQUENCES)
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
@@ -103,9 +107,10 @@ def test_logits_with_per_request_temperature(backend, device):
     # same chain, so all sequences share one exact joint.
     target_model, draft_model = make_models(6, seed=11)
     temperature = torch.tensor([0.5, 1.0, 2.0]).repeat(NUM_SEQUENCES // 3 + 1)[:NUM_SEQUENCES]
-    tokens = generate(target_model, draft_model, max_drafts=3, backend=backend, device=device,
-                      temperature=temperature)
-    assert exactness_pvalue(tokens, target_model) >= SIGNIFICANCE
+    assert_follows_the_law(
+        lambda on, sequences: generate(target_model, draft_model, max_drafts=3, backend=on, device=device,
+                                       temperature=temperature, num_sequences=sequences),
+        backend, device, lambda tokens: exactness_pvalue(tokens, target_model), NUM_SEQUENCES)
 
 
 def test_greedy_requests_follow_the_argmax_path(device):

@@ -17,12 +17,10 @@ import specdec_kernels as sk
 import test_chain_verify_exactness as chain_harness
 import test_tree_verify_exactness as tree_harness
 from conftest import ALL_BACKENDS, backend_or_skip
+from kernel_law import assert_follows_the_law
 from markov import SIGNIFICANCE, MarkovModel, joint_pvalue
 
 TOP_K, TOP_P, MIN_P = 4, 0.8, 0.06
-# Triton under the interpreter is slow; its kernels are also bit-equal to the reference
-# (test_sampling_parameters.py), so its end-to-end check runs on fewer sequences.
-TRITON_SEQUENCES = 25_000
 MARGIN = 1e-5  # no row may sit this close to a threshold (float32 rounding is ~1e-7), so float64 agrees
 
 
@@ -43,10 +41,6 @@ def truncated_model(model: MarkovModel, top_k: int, top_p: float, min_p: float) 
     return MarkovModel(np.asarray(rows))
 
 
-def sequences(backend: str) -> int:
-    return TRITON_SEQUENCES if backend == "triton" else chain_harness.NUM_SEQUENCES
-
-
 def chain_models():
     target, draft = chain_harness.make_models(8, seed=21)
     return target, draft, truncated_model(target, TOP_K, TOP_P, MIN_P)
@@ -57,9 +51,11 @@ def test_chain_follows_the_truncated_target(backend, device):
     backend_or_skip("chain_verify", backend)
     target, draft, truncated = chain_models()
     verify = functools.partial(sk.chain_verify, top_k=TOP_K, top_p=TOP_P, min_p=MIN_P)
-    tokens = chain_harness.generate(target, draft, max_drafts=3, backend=backend, device=device, verify=verify,
-                                    num_sequences=sequences(backend))
-    assert joint_pvalue(tokens, truncated, chain_harness.START_TOKEN) >= SIGNIFICANCE
+    assert_follows_the_law(
+        lambda on, sequences: chain_harness.generate(target, draft, max_drafts=3, backend=on, device=device,
+                                                     verify=verify, num_sequences=sequences),
+        backend, device, lambda tokens: joint_pvalue(tokens, truncated, chain_harness.START_TOKEN),
+        chain_harness.NUM_SEQUENCES)
 
 
 def test_chain_without_truncation_fails_the_truncated_law(device):
@@ -77,13 +73,14 @@ def tree_models():
 @pytest.mark.parametrize("mode", ["without_replacement", "top_k"])
 def test_tree_follows_the_truncated_target(backend, mode, device):
     backend_or_skip("tree_verify", backend)
-    if backend == "triton" and mode != "top_k" and device.type == "cpu":
-        pytest.skip("one draft mode under the interpreter (slow); every mode is bit-equal to the reference")
     target, draft, truncated = tree_models()
     verify = functools.partial(sk.tree_verify, top_k=TOP_K, top_p=TOP_P, min_p=MIN_P)
-    tokens = tree_harness.generate(target, draft, branching=tree_harness.SHALLOW, mode=mode, backend=backend,
-                                   device=device, verify=verify, num_sequences=sequences(backend))
-    assert joint_pvalue(tokens, truncated, tree_harness.START_TOKEN) >= SIGNIFICANCE
+    assert_follows_the_law(
+        lambda on, sequences: tree_harness.generate(target, draft, branching=tree_harness.SHALLOW, mode=mode,
+                                                    backend=on, device=device, verify=verify,
+                                                    num_sequences=sequences),
+        backend, device, lambda tokens: joint_pvalue(tokens, truncated, tree_harness.START_TOKEN),
+        tree_harness.NUM_SEQUENCES)
 
 
 def test_tree_without_truncation_fails_the_truncated_law(device):

@@ -18,6 +18,7 @@ import torch
 
 import specdec_kernels as sk
 from conftest import ALL_BACKENDS, backend_or_skip
+from kernel_law import assert_follows_the_law
 from markov import SIGNIFICANCE, MarkovModel, append_emitted, joint_pvalue
 from specdec_kernels.reference import _sampling
 
@@ -183,8 +184,10 @@ def exactness_pvalue(tokens, target_model):
 def test_emitted_tokens_follow_the_target(backend, vocab_size, branching, mode, device):
     backend_or_skip("tree_verify", backend)
     target_model, draft_model = make_models(vocab_size, seed=vocab_size)
-    tokens = generate(target_model, draft_model, branching=branching, mode=mode, backend=backend, device=device)
-    assert exactness_pvalue(tokens, target_model) >= SIGNIFICANCE
+    assert_follows_the_law(
+        lambda on, sequences: generate(target_model, draft_model, branching=branching, mode=mode, backend=on,
+                                       device=device, num_sequences=sequences),
+        backend, device, lambda tokens: exactness_pvalue(tokens, target_model), NUM_SEQUENCES)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -199,10 +202,12 @@ def test_logits_with_per_request_temperature_and_greedy(backend, branching, mode
     target_model, draft_model = make_models(6, seed=11)
     temperature = torch.tensor([0.5, 1.0, 2.0, 0.5, 1.0, 2.0, 0.5, 1.0, 2.0, 0.0]).repeat(NUM_SEQUENCES // 10)
     seed = torch.randint(-(2**62), 2**62, (NUM_SEQUENCES,), generator=torch.Generator().manual_seed(5))
-    tokens = generate(target_model, draft_model, branching=branching, mode=mode, backend=backend, device=device,
-                      temperature=temperature, seed=seed)
     greedy = temperature == 0
-    assert exactness_pvalue(tokens[~greedy], target_model) >= SIGNIFICANCE
+    tokens = assert_follows_the_law(
+        lambda on, sequences: generate(target_model, draft_model, branching=branching, mode=mode, backend=on,
+                                       device=device, temperature=temperature, seed=seed, num_sequences=sequences),
+        backend, device, lambda tokens: exactness_pvalue(tokens[~greedy], target_model), NUM_SEQUENCES)
+    greedy = greedy[:tokens.shape[0]]
     argmax = torch.as_tensor(target_model.transition).argmax(-1)
     expected, prev = [], START_TOKEN
     for _ in range(LENGTH):
