@@ -50,11 +50,7 @@ cudaError_t multiprocessor_count(int* count) {
 template <class Body>
 void dispatch_instantiation(const ChainVerifyArgs& args, const ChainVerifyPlan& plan, Body&& body) {
   dispatch_storage_types(args.prob_dtype, args.token_dtype, [&](auto prob, auto token) {
-    if (plan.staged) {
-      body(prob, token, std::true_type{});
-    } else {
-      body(prob, token, std::false_type{});
-    }
+    dispatch_bool(plan.staged, [&](auto staged) { body(prob, token, staged); });
   });
 }
 

@@ -127,16 +127,6 @@ bool mma_loads_16_bytes(const TreeAttentionArgs& planned) {
   return planned.cache_loads_16_bytes && heads_in_16_bytes(planned.q, element_bytes(planned.dtype));
 }
 
-// Calls body(std::bool_constant<value>{}).
-template <class Body>
-void with_bool(bool value, Body&& body) {
-  if (value) {
-    body(std::true_type{});
-  } else {
-    body(std::false_type{});
-  }
-}
-
 TreeAttentionArgs plan(const TreeAttentionArgs& args, bool device, bool mma) {
   TreeAttentionArgs planned = args;
   if (!mma) planned.merge_counters = nullptr;  // the SIMT program merges by a second launch only
@@ -227,7 +217,7 @@ cudaError_t launch_tree_attention(const TreeAttentionArgs& args, cudaStream_t st
     constexpr int kHeadDim = decltype(dim)::value;
     if constexpr (mma_supports<Value>(kHeadDim)) {
       if (mma) {
-        with_bool(mma_loads_16_bytes(planned), [&](auto wide) {
+        dispatch_bool(mma_loads_16_bytes(planned), [&](auto wide) {
           static std::atomic<uint64_t> opted_in_devices{0};
           status = launch_with_merge<Value>(
               planned, tree_attention_detail::tree_attention_mma_kernel<Value, kHeadDim, decltype(wide)::value>,
@@ -256,7 +246,7 @@ void tree_attention_host(const TreeAttentionArgs& args) {
     if constexpr (mma_supports<Value>(kHeadDim)) {
       // The emulated block's shared memory, reused block after block.
       std::vector<int64_t> tiles(static_cast<size_t>(cdiv(mma_shared_bytes<HostWarpBlock, Value, kHeadDim>(), 8)));
-      with_bool(mma_loads_16_bytes(planned), [&](auto wide) {
+      dispatch_bool(mma_loads_16_bytes(planned), [&](auto wide) {
         run_host_warp_blocks(blocks, [&](const HostWarpBlock& block, int64_t index) {
           tree_attention_detail::tree_attention_mma_block<HostWarpBlock, Value, kHeadDim, decltype(wide)::value>(
               block, planned, tiles.data(), index / planned.num_splits, index % planned.num_splits);

@@ -146,7 +146,8 @@ def test_logits_give_the_bits_of_the_one_program_plan(draft_mode, device, monkey
 
 @pytest.mark.parametrize("parameters", sorted(PARAMETER_SETS))
 def test_sampling_parameters_in_the_split_plan(parameters, device):
-    """top-k / top-p / min-p thresholds (recomputed by every program) and bonus ids: the reference's bits."""
+    """top-k / top-p / min-p thresholds (Triton: found by one program per node entered and shared through the
+    entry stage; CUDA: found by every program) and bonus ids: the reference's bits."""
     generator = torch.Generator().manual_seed(47)
     ids, parents, target, draft, num_nodes, _ = random_problem(generator, 3, 9, 2500, bushy=True)
     for seed in range(2):

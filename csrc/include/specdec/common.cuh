@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define SPECDEC_HOST_DEVICE __host__ __device__
@@ -225,6 +226,17 @@ void dispatch_storage_types(ProbDtype prob_dtype, TokenDtype token_dtype, Body&&
     case ProbDtype::kFloat16:
       wide_ids ? body(Float16{}, int64_t{}) : body(Float16{}, int32_t{});
       break;
+  }
+}
+
+// Calls body(std::bool_constant<value>{}) (host side of a launcher): one
+// kernel instantiation per value, so neither pays registers for the other.
+template <class Body>
+void dispatch_bool(bool value, Body&& body) {
+  if (value) {
+    body(std::true_type{});
+  } else {
+    body(std::false_type{});
   }
 }
 
