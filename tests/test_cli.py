@@ -156,8 +156,9 @@ def test_chain_verify_minimum_bytes():
     assert detail["mean_accepted"] == 1.5
     logits_case = bench_chain_verify.Case(dict(B=2, K=3, V=10, inputs="logits-bf16"), settings)
     total, _ = logits_case.min_bytes(logits_case.make_inputs(0), outputs)
-    # logits: target rows 0..a and draft rows 0..min(a, K-1), bfloat16.
-    assert total == (4 + 2 * 20) + (3 * 4 + (4 + 3) * 20) + (2 * 4 * 4 + 2 * 4)
+    # logits: full target rows 0..a (bfloat16, a softmax reads its row), the draft probabilities as above:
+    # request 0 its q row after the rejection, request 1 three q(t) gathers.
+    assert total == (4 + 2 * 20) + (3 * 4 + 4 * 20 + 3 * 2) + (2 * 4 * 4 + 2 * 4)
 
 
 def test_tree_verify_minimum_bytes():
@@ -181,5 +182,6 @@ def test_tree_verify_minimum_bytes():
     assert detail["mean_accepted"] == 2
     case = bench_tree_verify.Case(dict(B=1, N=8, V=10, inputs="logits-bf16"), settings)
     total, _ = case.min_bytes(case.make_inputs(0), outputs)
-    # logits: every node on the path reads its target row, and its draft row when children were tried.
-    assert total == (2 * 4 + 2 * 20) + (4 + 2 * 20) + 20 + fixed
+    # logits: every node on the path reads its whole target row; the draft probabilities as above: the root's
+    # q row (a child was rejected), node 2's q(t) gather.
+    assert total == (2 * 4 + 2 * 20) + (4 + 20 + 2) + 20 + fixed

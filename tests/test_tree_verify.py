@@ -518,9 +518,13 @@ def test_same_seed_and_offset_give_the_same_outputs(backend, device):
 def test_kernels_match_the_reference_on_large_and_strided_inputs(backend, draft_mode, gpu_tiles, device,
                                                                   monkeypatch):
     """Trees wider than a kernel's node tile (N = 150), vocabularies of several sampler chunks
-    (V = 2500, not a multiple of 1024), bushy trees (many rejections in a row) and a target that is
-    a strided slice of a wider tensor: the same bits as the reference. ``gpu-tiles`` gives the
-    Triton launcher the GPU's tiles under the interpreter too: one request per program."""
+    (V = 2500, not a multiple of 1024), bushy trees (N = 64: about 15 rejections in a row at a node) and a
+    target that is a strided slice of a wider tensor: the same bits as the reference. ``gpu-tiles`` gives
+    the Triton launcher the GPU's tiles under the interpreter too: one request per program.
+
+    The bushy tree is smaller because the split plan replays a node's rejections on every pass, ``O(k^2)``
+    in ``k`` rejections, and the interpreter runs each replay as numpy calls: a bushy N = 150 took 260 s
+    there (on a GPU it is a few microseconds)."""
     backend_or_skip("tree_verify", backend)
     if gpu_tiles:
         if backend != "triton" or device.type == "cuda":
@@ -530,11 +534,12 @@ def test_kernels_match_the_reference_on_large_and_strided_inputs(backend, draft_
         monkeypatch.setattr(launcher, "INTERPRETER_TILE", launcher.TILE)
         assert launcher.launch_config(3, 150, 2500, interpreter=True).rows == launcher.MAX_ROWS == 1
     generator = torch.Generator().manual_seed(150)
-    for bushy in (True, False):
+    for tree_size, bushy in ((64, True), (150, False)):
         ids, parents, target, draft, num_nodes, temperature = random_problem(
-            generator, 3, 150, 2500, invalid_fraction=0.05, zero_fraction=0.2, greedy_fraction=0.3, bushy=bushy)
+            generator, 3, tree_size, 2500, invalid_fraction=0.05, zero_fraction=0.2, greedy_fraction=0.3,
+            bushy=bushy)
         draft = None if draft_mode is None else draft
-        wide = torch.zeros(3, 150, 2600)
+        wide = torch.zeros(3, tree_size, 2600)
         wide[..., 50:2550] = target
         target = wide[..., 50:2550]  # row stride 2600: not the vocabulary size
         arguments = dict(num_nodes=num_nodes, temperature=temperature, draft_sampling=draft_mode or "with_replacement",
