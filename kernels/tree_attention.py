@@ -67,15 +67,20 @@ def _load_keys(k_head_ptr, v_head_ptr, table_row_ptr, positions, in_range, num_b
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, visible, acc, row_max, row_sum, scale_log2):
-    """Fold one key tile into the running ``(acc, row_max, row_sum)`` of every row.
+def _scores(q, k, scale_log2):
+    """``q k^T`` in base-2 units. ieee: float32 tiles (the interpreter's, or a float32 cache) are multiplied
+    exactly rather than in TF32; 16-bit tiles ignore it."""
+    return tl.dot(q, k, input_precision="ieee") * scale_log2
+
+
+@triton.jit
+def _online_softmax_step(scores, v, acc, row_max, row_sum):
+    """Fold one key tile's ``scores`` (``-inf`` where a key is invisible) into the running
+    ``(acc, row_max, row_sum)`` of every row.
 
     A row that has seen no visible key keeps ``row_max = -inf``; its
     exponentials are taken against 0 instead, so they are 0, not NaN.
     """
-    # ieee: float32 tiles (the interpreter's, or a float32 cache) are
-    # multiplied exactly rather than in TF32; 16-bit tiles ignore it.
-    scores = tl.where(visible, tl.dot(q, k, input_precision="ieee") * scale_log2, float("-inf"))
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
     weights = tl.exp2(scores - safe_max[:, None])
@@ -128,7 +133,7 @@ def _tree_attention_kernel(
     live = node < live_nodes
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + request * stride_q_b + (node.to(tl.int64) * stride_q_n + head.to(tl.int64) * stride_q_h)[:, None]
-                + dims[None, :], mask=in_tree[:, None], other=0.0)
+                + dims[None, :], mask=live[:, None], other=0.0)  # a padding node's query is never read
     if FLOAT32_TILES:
         q = q.to(tl.float32)
 
@@ -153,8 +158,12 @@ def _tree_attention_kernel(
         k, v, stored = _load_keys(k_head_ptr, v_head_ptr, table_row_ptr, positions, positions < stop, num_blocks,
                                   max_blocks, block_size_log2, stride_table_m, stride_k_block, stride_k_slot,
                                   stride_v_block, stride_v_slot, HEAD_DIM, FLOAT32_TILES)
-        visible = live[:, None] & stored[None, :]
-        acc, row_max, row_sum = _online_softmax_step(q, k, v, visible, acc, row_max, row_sum, scale_log2)
+        # A prefix key is visible to every row or to none: its mask is a bias of 0 or -inf per key, which the
+        # scale's multiply takes as an FMA, where a select per (row, key) cost two instructions per score.
+        # Padding nodes' rows see the prefix too; they are cleared after the loops.
+        key_bias = tl.where(stored, 0.0, float("-inf"))
+        scores = _scores(q, k, scale_log2) + key_bias[None, :]
+        acc, row_max, row_sum = _online_softmax_step(scores, v, acc, row_max, row_sum)
 
     # Tree block: node j's key is at prefix + j; row i sees it iff bit j of
     # its mask row is set (bit 31 reads back from a negative int32 as well).
@@ -170,8 +179,14 @@ def _tree_attention_kernel(
             words = tl.load(mask_rows_ptr[:, None] + (tree_index // 32)[None, :],
                             mask=live[:, None] & in_range[None, :], other=0)
             ancestor = ((words >> (tree_index % 32)[None, :]) & 1) != 0
-            visible = live[:, None] & stored[None, :] & ancestor
-            acc, row_max, row_sum = _online_softmax_step(q, k, v, visible, acc, row_max, row_sum, scale_log2)
+            visible = stored[None, :] & ancestor  # a padding row's mask words were not read: 0
+            scores = tl.where(visible, _scores(q, k, scale_log2), float("-inf"))
+            acc, row_max, row_sum = _online_softmax_step(scores, v, acc, row_max, row_sum)
+
+    # Rows of padding nodes: no key (zero output, and no weight in a merge of splits).
+    acc = tl.where(live[:, None], acc, 0.0)
+    row_max = tl.where(live, row_max, float("-inf"))
+    row_sum = tl.where(live, row_sum, 0.0)
 
     # out and the partial states are the launcher's contiguous buffers,
     # indexed by (request, node, query head) row.
