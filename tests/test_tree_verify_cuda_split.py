@@ -205,6 +205,25 @@ def test_the_op_checks_the_stage_records():
     call(torch.zeros(stage_words, dtype=torch.int64), 2)  # exactly the specified size
 
 
+def test_the_op_refuses_a_split_of_a_tree_past_the_replay_capacity():
+    """A block replays a node's rejections from shared memory (at most 1,023 of them): the op refuses a split
+    plan for trees of more than 1,024 nodes, which the launcher never asks for (it takes one block per request
+    there, ``launcher.MAX_SPLIT_TREE_NODES``), instead of writing past the shared-memory array."""
+    nodes = launcher.MAX_SPLIT_TREE_NODES + 1
+    ids = torch.zeros(1, nodes, dtype=torch.int64)
+    parents = torch.arange(-1, nodes - 1, dtype=torch.int32).view(1, nodes)
+    target = torch.full((1, nodes, 8), 1 / 8)
+    words = launcher.cuda_workspace_specs(1, nodes, 8, None)
+    outputs = (torch.empty(1, nodes, dtype=torch.int32), torch.empty(1, nodes, dtype=torch.int32),
+               torch.empty(1, dtype=torch.int32))
+    stages = torch.zeros(16 * (nodes + 1), dtype=torch.int64)
+    with pytest.raises(ValueError, match=rf"`num_splits` > 1 needs N <= {nodes - 1} .*got N = {nodes}"):
+        torch.ops.specdec_C.tree_verify(ids, parents, target, None, None, None, False, "without_replacement", None,
+                                        1, None, 0, torch.zeros(words["tree_verify_cuda.workspace"][0],
+                                                                dtype=torch.int64),
+                                        *outputs, None, None, None, None, stages, 2)
+
+
 def test_opcheck_of_the_split_plan():
     """Schema (the stage records are mutated), Meta kernel and dispatcher registration agree."""
     case = make_case(3, 5, 2100, seed=2)
