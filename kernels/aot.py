@@ -210,7 +210,8 @@ def chain_verify_variants():
             "stride_draft_b": "i32", "stride_draft_k": "i32", "stride_output_b": "i32",
         }
         constexprs = {
-            "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": not packed, "PACKED": packed, "HAS_TEMPERATURE": True,
+            "HAS_DRAFT": draft, "HAS_NUM_DRAFTS": not packed, "PACKED": packed, "BONUS_ROWS": True,
+            "HAS_TEMPERATURE": True,
             "LOGITS": logits,
             "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
             "WALK": (logits or sampling) and config.num_splits == 1, "STAGED": staged,

@@ -104,7 +104,8 @@ from .truncation import row_truncation, truncated_probability, truncation_parame
 
 @triton.jit
 def _walk_rows(
-    target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, valid, safe_ids, inverse_temperature,
+    target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, last_row, valid, safe_ids,
+    inverse_temperature,
     k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
     truncating, top_k, top_p, min_p, k_on, p_on, min_p_on,
     LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr,
@@ -113,8 +114,9 @@ def _walk_rows(
     """A program holding whole rows (logits, or truncated targets): decide position by position.
 
     A request's row ``i`` is read only while the request is still accepting,
-    so the rows read are exactly ``0..j`` (target) and ``0..min(j, n_b - 1)``
-    (draft, sampled requests). Each target row read gets the statistics the
+    so the rows read are exactly ``0..min(j, last_row)`` (target; ``last_row``
+    is ``n_b - 1`` when the engine gives the bonus token) and
+    ``0..min(j, n_b - 1)`` (draft, sampled requests). Each target row read gets the statistics the
     acceptance test needs: softmax ``(max, 1 / sum)`` with logits, the
     truncation threshold and reciprocal where ``truncating`` (draft rows are
     probabilities, v1.3: they need none). Returns the stop position, the
@@ -135,7 +137,8 @@ def _walk_rows(
         drafted = going & (position < num_drafts) & (tl.max((here & valid).to(tl.int32), axis=1) > 0)
         target_row = row_at(target_rows, position, stride_target_k)
         draft_row = row_at(draft_rows, position, stride_draft_k)
-        row_max, row_arg, row_sum = row_statistics(target_row[:, None], going[:, None], inverse_temperature, 0,
+        reading = going & (position <= last_row)
+        row_max, row_arg, row_sum = row_statistics(target_row[:, None], reading[:, None], inverse_temperature, 0,
                                                    vocab_size, LOGITS, ROWS, BLOCK_V)
         row_inverse_norm = inverse_norm(row_sum)
         gather = drafted & sampled
@@ -143,7 +146,7 @@ def _walk_rows(
         threshold = stop_threshold
         reciprocal = stop_reciprocal
         if TRUNCATE:
-            needs_threshold = going & (truncating != 0)
+            needs_threshold = reading & (truncating != 0)
             if tl.max(needs_threshold.to(tl.int32), axis=0) > 0:
                 threshold, reciprocal = row_truncation(
                     target_row[:, None], needs_threshold, top_k, top_p, min_p, k_on, p_on, min_p_on,
@@ -212,12 +215,14 @@ def _draft_tokens(first_ids, active, num_drafts, vocab_size, BLOCK_K1: tl.conste
 @triton.jit
 def _request_rows(draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, requests, active, max_drafts,
                   num_tokens, stride_ids_b, stride_target_b, stride_draft_b,
-                  HAS_NUM_DRAFTS: tl.constexpr, PACKED: tl.constexpr, ROWS: tl.constexpr):
+                  HAS_NUM_DRAFTS: tl.constexpr, PACKED: tl.constexpr, BONUS_ROWS: tl.constexpr, ROWS: tl.constexpr):
     """Where each request's rows start, and its draft count: ``(first_ids, target_rows, draft_rows, num_drafts)``.
 
     Padded: request ``b``'s row 0 is at ``b * stride_b``. ``PACKED``: its
     drafts are ``cu[b] .. cu[b+1] - 1`` and its target rows start at
-    ``cu[b] + b``, with ``stride_b`` the row stride; malformed values are
+    ``cu[b] + b`` (``[T+B, V]``: each request's bonus row follows its
+    drafts), or at ``cu[b]`` without ``BONUS_ROWS`` (``[T, V]``, bonus ids
+    given, so row ``n_b`` is never read), with ``stride_b`` the row stride; malformed values are
     clamped as ``reference/chain_verify_packed.packed_requests`` says
     (``start`` into ``[0, T]``, ``end`` into ``[start, T]``, the count to at
     most ``K``), so no row outside the tensors is ever read.
@@ -228,7 +233,9 @@ def _request_rows(draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, 
         start = tl.minimum(tl.maximum(start, 0), num_tokens)
         end = tl.minimum(tl.maximum(end, start), num_tokens)
         num_drafts = tl.minimum(end - start, max_drafts).to(tl.int32)
-        first_target = start + requests
+        first_target = start
+        if BONUS_ROWS:
+            first_target += requests
         first_draft = start
     else:
         if HAS_NUM_DRAFTS:
@@ -254,9 +261,15 @@ def _takes_bonus(active, stop, num_drafts, HAS_BONUS: tl.constexpr):
 
 
 @triton.jit
-def _bonus_tokens(bonus_ptr, requests, takes_bonus, token, HAS_BONUS: tl.constexpr):
+def _bonus_tokens(bonus_ptr, requests, takes_bonus, token, vocab_size, HAS_BONUS: tl.constexpr,
+                  BONUS_ROWS: tl.constexpr):
+    """The bonus id where a request takes it; without ``BONUS_ROWS`` (no bonus row to fall back on) an id outside
+    ``[0, V)`` gives ``-1``."""
     if HAS_BONUS:
-        token = tl.where(takes_bonus, tl.load(bonus_ptr + requests, mask=takes_bonus, other=-1).to(tl.int32), token)
+        bonus = tl.load(bonus_ptr + requests, mask=takes_bonus, other=-1)
+        if not BONUS_ROWS:
+            bonus = tl.where((bonus >= 0) & (bonus < vocab_size), bonus, -1)
+        token = tl.where(takes_bonus, bonus.to(tl.int32), token)
     return token
 
 
@@ -279,8 +292,8 @@ def _chain_verify_kernel(
     # vocabulary stride divisible by 16 gives vector loads without recompiles.
     # Packed: the "_b" strides are row strides too (see _request_rows).
     stride_ids_b, stride_target_b, stride_target_k, stride_draft_b, stride_draft_k, stride_output_b,
-    HAS_DRAFT: tl.constexpr, HAS_NUM_DRAFTS: tl.constexpr, PACKED: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
-    LOGITS: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
+    HAS_DRAFT: tl.constexpr, HAS_NUM_DRAFTS: tl.constexpr, PACKED: tl.constexpr, BONUS_ROWS: tl.constexpr,
+    HAS_TEMPERATURE: tl.constexpr, LOGITS: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
     OFFSET_PER_REQUEST: tl.constexpr, WALK: tl.constexpr, STAGED: tl.constexpr,
     HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, TRUNCATE: tl.constexpr,
     HAS_BONUS: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
@@ -314,7 +327,12 @@ def _chain_verify_kernel(
                                                                 ROWS)
     first_ids, target_rows, draft_rows, num_drafts = _request_rows(
         draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, requests, active, max_drafts, num_tokens,
-        stride_ids_b, stride_target_b, stride_draft_b, HAS_NUM_DRAFTS, PACKED, ROWS)
+        stride_ids_b, stride_target_b, stride_draft_b, HAS_NUM_DRAFTS, PACKED, BONUS_ROWS, ROWS)
+    # The last target row a decision may read: n_b, or n_b - 1 when the engine gives the bonus token (row n_b is
+    # then never read; the bonus-free layout has none).
+    last_row = num_drafts
+    if HAS_BONUS:
+        last_row -= 1
     positions = tl.arange(0, BLOCK_K1)[None, :]
     top_k, top_p, min_p, k_on, p_on, min_p_on = truncation_parameters(
         top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P, ROWS)
@@ -326,7 +344,7 @@ def _chain_verify_kernel(
         k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                      requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
         stop, stop_max, stop_inverse_norm, stop_threshold, stop_reciprocal, greedy_token = _walk_rows(
-            target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, valid, safe_ids,
+            target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, last_row, valid, safe_ids,
             inverse_temperature, k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
             truncating, top_k, top_p, min_p, k_on, p_on, min_p_on,
             LOGITS, HAS_DRAFT, TRUNCATE, ROWS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
@@ -347,7 +365,7 @@ def _chain_verify_kernel(
             target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampling, subtract, stop, stop_max,
             stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_k,
             stop_threshold, stop_reciprocal, truncating, LOGITS, TRUNCATE, ROWS, BLOCK_V, CHUNK_TILE))
-        token = _bonus_tokens(bonus_ptr, requests, takes_bonus, token, HAS_BONUS)
+        token = _bonus_tokens(bonus_ptr, requests, takes_bonus, token, vocab_size, HAS_BONUS, BONUS_ROWS)
         write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
                       stride_output_b, BLOCK_K1)
     else:
@@ -357,7 +375,7 @@ def _chain_verify_kernel(
             publishes = False
         if publishes:
             scan_statistics(
-                target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, active, num_drafts,
+                target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, active, last_row,
                 inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
                 LOGITS, ROWS, BLOCK_K1, BLOCK_V,
             )
@@ -367,14 +385,14 @@ def _chain_verify_kernel(
             records = request_records(stages_ptr, row_block, BLOCK_K1)  # used by STAGED only
             if LOGITS and STAGED:
                 staged_statistics(
-                    records, target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, num_drafts,
+                    records, target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, last_row,
                     inverse_temperature, num_chunks, chunks_per_split, num_splits, max_drafts, vocab_size,
                     stride_target_k, failed_ptr, give_up, LOGITS, ROWS, BLOCK_K1, BLOCK_V)
             elif LOGITS:
                 wait_for(wave1_arrivals_ptr + row_block, num_splits, failed_ptr, give_up)
             elif tl.max(greedy.to(tl.int32), axis=0) > 0:
                 scan_statistics(
-                    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, greedy, num_drafts,
+                    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, greedy, last_row,
                     inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
                     LOGITS, ROWS, BLOCK_K1, BLOCK_V,
                 )
@@ -453,7 +471,7 @@ def _chain_verify_kernel(
                     ROWS, BLOCK_V, CHUNK_TILE))
                 stop = tl.where(greedy, greedy_stop, stop)
                 token = _bonus_tokens(bonus_ptr, requests, _takes_bonus(active, stop, num_drafts, HAS_BONUS), token,
-                                      HAS_BONUS)
+                                      vocab_size, HAS_BONUS, BONUS_ROWS)
                 stop = tl.where(failed, 0, stop)  # the failure outcome: tokens -1, num_accepted 0
                 token = tl.where(failed, -1, token)
                 write_outputs(output_ptr, num_accepted_ptr, requests, active, stop,

@@ -87,19 +87,19 @@ def sample_slice(
 
 @triton.jit
 def scan_statistics(
-    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, read_target, num_drafts,
+    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, read_target, last_row,
     inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
     LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """:func:`row_statistics` of this slice of target rows ``0..n_b``, stored at ``[request, position, split]``.
+    """:func:`row_statistics` of this slice of target rows ``0..last_row``, stored at ``[request, position, split]``.
 
     ``read_target`` masks the requests whose rows are read; rows past
-    ``n_b`` are not read.
+    ``last_row`` (``n_b``, or ``n_b - 1`` when the engine gives the bonus token) are not read.
     """
     slot = requests.to(tl.int64) * BLOCK_K1 * num_splits + split
     for position in range(0, max_drafts + 1):
         row_max, row_arg, row_sum = row_statistics(
-            row_at(target_rows, position, stride_target_k)[:, None], (read_target & (position <= num_drafts))[:, None],
+            row_at(target_rows, position, stride_target_k)[:, None], (read_target & (position <= last_row))[:, None],
             inverse_temperature, vocab_lo, vocab_hi, LOGITS, ROWS, BLOCK_V)
         here = slot + position * num_splits
         tl.store(stat_max_ptr + here, row_max, mask=active)

@@ -405,3 +405,64 @@ def test_cuda_graph_replays_read_new_offsets(backend, device):
         graph.replay()
         torch.cuda.synchronize()
         assert_same((output, num_accepted), run_padded(case, "reference", 5, step), f"replay at offset {step}")
+
+
+def bonus_free(case, bonus_token_ids):
+    """``case`` in the bonus-free layout (vLLM's ``target_logits``): each request's bonus row removed."""
+    cu, target = case["cu_num_draft_tokens"].cpu(), case["target"]
+    rows = [row for b in range(cu.shape[0] - 1) for row in range(int(cu[b]) + b, int(cu[b + 1]) + b)]
+    return dict(case, target=target[torch.tensor(rows, dtype=torch.int64, device=target.device)],
+                bonus_token_ids=bonus_token_ids)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("logits", [False, True], ids=["probs", "logits"])
+def test_bonus_free_layout_gives_the_tokens_of_the_full_one(backend, logits, device):
+    """``target [T, V]`` with bonus ids: the tokens of ``[T+B, V]`` with the same ids, whose bonus rows are
+    never read then (filled with NaN here), bit for bit; an id outside ``[0, V)`` gives -1 where the request
+    accepted everything (there is no row to sample), and nothing else changes."""
+    backend_or_skip("chain_verify_packed", backend)
+    counts = [3, 0, 2, 3, 1, 0, 3]
+    case = packed_case(counts, 3, 300, seed=21, device=device, logits=logits, greedy=[1, 3])
+    cu = case["cu_num_draft_tokens"].cpu()
+    # Drafts equal to the target's argmax: many requests accept everything and take the bonus id.
+    for b, count in enumerate(counts):
+        rows = slice(int(cu[b]) + b, int(cu[b]) + b + count)
+        case["draft_token_ids"][int(cu[b]):int(cu[b + 1])] = case["target"][rows].float().argmax(-1)
+    bonus = torch.tensor([7, 300, 11, -1, 12, 2**40, 13], device=device)
+    poisoned = case["target"].clone()
+    for b, count in enumerate(counts):
+        poisoned[int(cu[b]) + b + count] = float("nan")  # the bonus rows: read by nobody when bonus ids are given
+    in_range = (bonus >= 0) & (bonus < 300)
+    for state in ("int", "per-request-seed"):
+        seed, offset = random_state(state, len(counts), device)
+        expected_tokens, expected_accepted = run_packed(dict(case, target=poisoned, bonus_token_ids=bonus.clamp(0, 299)),
+                                                        backend, seed, offset)
+        tokens, accepted = run_packed(bonus_free(case, bonus), backend, seed, offset)
+        took_bonus = accepted.cpu() == torch.tensor(counts, dtype=torch.int32)
+        assert took_bonus.sum() >= 4, "the case must exercise the bonus"
+        rows = torch.arange(len(counts))
+        expected_tokens = expected_tokens.cpu().clone()
+        bonus_position = accepted.cpu().long()
+        missing = took_bonus & ~in_range.cpu()
+        expected_tokens[rows[missing], bonus_position[missing]] = -1
+        assert torch.equal(accepted.cpu(), expected_accepted.cpu())
+        assert torch.equal(tokens.cpu(), expected_tokens), f"{state}: {tokens.tolist()} vs {expected_tokens.tolist()}"
+        if not logits:
+            assert_same((tokens, accepted), run_packed(bonus_free(case, bonus), "reference", seed, offset), state)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_bonus_free_layout_without_drafts(backend, device):
+    """T = 0 rows: every request emits its bonus id, or -1 for one out of range."""
+    backend_or_skip("chain_verify_packed", backend)
+    case = packed_case([0, 0, 0], 2, 50, seed=3, device=device, greedy=[1])
+    output, num_accepted = run_packed(bonus_free(case, torch.tensor([4, 50, 9], device=device)), backend, 4, 1)
+    assert num_accepted.tolist() == [0, 0, 0]
+    assert output.tolist() == [[4, -1, -1], [-1, -1, -1], [9, -1, -1]]
+
+
+def test_bonus_free_layout_needs_bonus_ids():
+    case = small_case("cpu")
+    with pytest.raises(ValueError, match=r"or T = 3 rows without bonus rows when `bonus_token_ids` is given"):
+        sk.chain_verify_packed(**dict(case, target=case["target"][:3]), seed=1, backend="reference")

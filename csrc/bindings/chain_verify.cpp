@@ -41,6 +41,7 @@ struct ChainShapes {
   int64_t max_drafts = 0;
   int64_t vocab_size = 0;
   int64_t num_tokens = 0;  // T (packed)
+  bool bonus_rows = true;  // packed: target [T+B, V]; false: [T, V], bonus_token_ids given
 };
 
 // Padded: target [B, K+1, V], draft_token_ids [B, K], draft [B, K, V],
@@ -89,9 +90,14 @@ ChainShapes check_chain_layout(const ChainVerifyTensors& t, const char* op) {
     shapes.max_drafts = t.max_drafts;
     TORCH_CHECK_VALUE(t.max_drafts >= 0, "specdec_C::", op, ": `max_num_draft_tokens` must be >= 0, got ",
                       t.max_drafts);
-    TORCH_CHECK_VALUE(t.target.dim() == 2 && t.target.size(0) == shapes.num_tokens + shapes.batch_size, "specdec_C::",
-                      op, ": `target` must have shape [T+B, V] with T + B = ", shapes.num_tokens, " + ",
-                      shapes.batch_size, ", got ", t.target.sizes());
+    // With bonus ids the bonus rows may be left out (vLLM's target_logits): [T, V].
+    const bool has_bonus = t.sampling.bonus_token_ids.has_value();
+    TORCH_CHECK_VALUE(t.target.dim() == 2 && (t.target.size(0) == shapes.num_tokens + shapes.batch_size ||
+                                              (has_bonus && t.target.size(0) == shapes.num_tokens)),
+                      "specdec_C::", op, ": `target` must have shape [T+B, V] with T + B = ", shapes.num_tokens,
+                      " + ", shapes.batch_size, has_bonus ? " (or [T, V] with bonus_token_ids)" : "", ", got ",
+                      t.target.sizes());
+    shapes.bonus_rows = t.target.size(0) == shapes.num_tokens + shapes.batch_size;
     shapes.vocab_size = t.target.size(1);
     if (t.draft.has_value()) {
       TORCH_CHECK_VALUE(t.draft->dim() == 2 && t.draft->size(0) == shapes.num_tokens &&
@@ -185,6 +191,7 @@ ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, const ChainS
   if (inputs.num_draft_tokens.has_value()) args.num_draft_tokens = inputs.num_draft_tokens->data_ptr<int32_t>();
   if (packed) args.cu_num_draft_tokens = index_tensor(*inputs.cu_num_draft_tokens);
   args.num_tokens = shapes.num_tokens;
+  args.bonus_rows = shapes.bonus_rows;
   if (inputs.temperature.has_value()) args.temperature = inputs.temperature->data_ptr<float>();
   args.logits = logits;
   args.rng = rng_args_of(inputs.seed, seed_value, inputs.offset, offset_value);

@@ -245,10 +245,14 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
         return output, num_accepted
     packed = cu_num_draft_tokens is not None
     num_tokens = draft_token_ids.shape[0] if packed else 0
+    # Packed: [T+B, V] holds each request's bonus row; [T, V] (bonus ids given) does not (ops/chain_verify_packed.py).
+    bonus_rows = not packed or target.shape[0] == num_tokens + batch_size
     if packed and num_tokens == 0:
-        # Every n_b is 0, so no id or draft row is read; an empty tensor's
+        # Every n_b is 0, so no id or draft row is read (nor a target row without bonus rows); an empty tensor's
         # null data pointer is no kernel argument on every Triton version.
         draft_token_ids, draft = cu_num_draft_tokens, None
+        if not bonus_rows:
+            target = target.new_zeros((1, vocab_size))
     # The kernel takes row strides and assumes unit stride along the last dim.
     draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, temperature, seed_tensor, offset_tensor = (
         unit_last_stride(tensor)
@@ -290,6 +294,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             config.chunks_per_split,
             draft_token_ids.stride(0), *_layout_strides(target), *_layout_strides(draft), output.stride(0),
             HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None, PACKED=packed,
+            BONUS_ROWS=bonus_rows,
             HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
             SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
             OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, WALK=walk, STAGED=staged,

@@ -51,8 +51,12 @@ def chain_verify_packed(
         ``reference/chain_verify_packed.packed_requests``); ``validate=True``
         raises on them instead.
     target : Tensor, float32, bfloat16 or float16
-        Request ``b``'s ``n_b + 1`` rows, contiguous from row ``cu[b] + b``:
-        its draft positions, then its bonus row.
+        ``[T+B, V]``: request ``b``'s ``n_b + 1`` rows, contiguous from row
+        ``cu[b] + b``: its draft positions, then its bonus row. Or, with
+        ``bonus_token_ids``, ``[T, V]`` (vLLM's ``target_logits``): request
+        ``b``'s draft positions only, rows ``cu[b] .. cu[b+1] - 1``; a request
+        that accepts all its drafts emits its bonus id, ``-1`` for an id
+        outside ``[0, V)``.
     draft : Tensor or None
         Request ``b``'s rows ``cu[b] .. cu[b+1] - 1``: the distribution each
         draft token was sampled from; ``None`` verifies the drafts as
@@ -76,7 +80,7 @@ def chain_verify_packed(
     Shape
     -----
     ``draft_token_ids [T]`` (``T = sum(n_b)``), ``cu_num_draft_tokens [B+1]``,
-    ``target [T+B, V]``, ``draft [T, V]``, ``temperature [B]``.
+    ``target [T+B, V]`` (or ``[T, V]`` with ``bonus_token_ids [B]``), ``draft [T, V]``, ``temperature [B]``.
 
     Examples
     --------
@@ -100,10 +104,11 @@ def chain_verify_packed(
     rows, vocab_size = target.shape
     if batch_size < 0:
         check.fail("`cu_num_draft_tokens` must have shape [B+1] with B+1 >= 1; got [0]")
-    if rows != num_tokens + batch_size:
+    if rows != num_tokens + batch_size and (bonus_token_ids is None or rows != num_tokens):
         check.fail(
             f"`target` must have T + B = {num_tokens} + {batch_size} = {num_tokens + batch_size} rows "
-            f"(T = draft_token_ids.shape[0], B = cu_num_draft_tokens.shape[0] - 1); got shape {list(target.shape)}"
+            f"(T = draft_token_ids.shape[0], B = cu_num_draft_tokens.shape[0] - 1), or T = {num_tokens} rows "
+            f"without bonus rows when `bonus_token_ids` is given; got shape {list(target.shape)}"
         )
     check.optional_tensor("draft", draft, (num_tokens, vocab_size), _validation.FLOAT_DTYPES, "[T, V]")
     max_drafts = max_num_draft_tokens

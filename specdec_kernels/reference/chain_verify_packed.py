@@ -40,7 +40,9 @@ def chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max
     random number is that of request ``b`` position ``i`` in a padded call.
     Padding positions (``i > n_b`` for the target, ``i >= n_b`` for ids and
     draft) repeat an in-range row or hold ``-1``; the chain reference never
-    reads them.
+    reads them. In the bonus-free layout (``target [T, V]``, bonus ids given)
+    position ``n_b`` is padding too: the bonus id is emitted there, ``-1``
+    for an id outside ``[0, V)``.
     """
     num_tokens = draft_token_ids.shape[0]
     batch_size = cu_num_draft_tokens.shape[0] - 1
@@ -52,8 +54,16 @@ def chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max
     first_row = start.view(-1, 1)
     count = num_drafts.view(-1, 1)
 
-    target_rows = first_row + requests + torch.minimum(positions, count)  # rows past n_b repeat the bonus row
-    padded_target = target.index_select(0, target_rows.flatten()).view(batch_size, max_drafts + 1, vocab_size)
+    bonus_rows = target.shape[0] == num_tokens + batch_size  # else [T, V] with bonus ids: no bonus rows
+    if bonus_rows:
+        target_rows = first_row + requests + torch.minimum(positions, count)  # rows past n_b repeat the bonus row
+    else:
+        # Rows from n_b on are never read (the bonus id is emitted there): any in-range row fills them.
+        target_rows = (first_row + torch.minimum(positions, count - 1)).clamp(0, max(num_tokens - 1, 0))
+    if target.shape[0] == 0:
+        padded_target = target.new_zeros((batch_size, max_drafts + 1, vocab_size))
+    else:
+        padded_target = target.index_select(0, target_rows.flatten()).view(batch_size, max_drafts + 1, vocab_size)
 
     draft_positions = positions[:, :max_drafts]
     in_chain = draft_positions < count
@@ -65,5 +75,8 @@ def chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max
         padded_ids = torch.where(in_chain, draft_token_ids.to(torch.int64)[draft_rows], -1)
         padded_draft = None if draft is None else draft.index_select(0, draft_rows.flatten()).view(
             batch_size, max_drafts, vocab_size)
+    if not bonus_rows:
+        # No bonus row to sample: an out-of-range bonus id gives -1 there.
+        bonus_token_ids = torch.where((bonus_token_ids >= 0) & (bonus_token_ids < vocab_size), bonus_token_ids, -1)
     return chain_reference.chain_verify(padded_ids, padded_target, padded_draft, num_drafts.to(torch.int32),
                                         temperature, logits, seed, offset, top_k, top_p, min_p, bonus_token_ids)

@@ -151,6 +151,7 @@ struct ChainVerifyArgs {
   const int32_t* num_draft_tokens = nullptr;  // [B] or nullptr: K (padded)
   IndexTensor cu_num_draft_tokens;            // [B+1] int32 or int64 (packed), data nullptr: padded
   int64_t num_tokens = 0;                     // T (packed)
+  bool bonus_rows = true;                     // packed: [T+B, V] target; false: [T, V] (bonus ids given)
   const float* temperature = nullptr;         // [B] or nullptr: 1
   bool logits = false;
   RngArgs rng;

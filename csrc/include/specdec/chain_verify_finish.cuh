@@ -226,7 +226,8 @@ SPECDEC_HOST_DEVICE void write_failure(const Block& block, int64_t max_drafts, i
 // draft count. Padded: row 0 of request b is row b, n = num_draft_tokens[b]
 // clamped to [0, K]. Packed: start = clamp(cu[b], 0, T) and end =
 // clamp(cu[b+1], start, T); ids and draft rows from start, target rows from
-// start + b, n = min(end - start, K). A malformed cu is read that way on
+// start + b ([T+B, V]) or start ([T, V], no bonus rows: bonus ids given, so
+// row n is never read), n = min(end - start, K). A malformed cu is read that way on
 // every backend (specdec_kernels/reference/chain_verify_packed.py), so no row
 // outside the tensors is read.
 struct RequestRows {
@@ -248,7 +249,7 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE RequestRows request_rows(const ChainVeri
   int64_t end = args.cu_num_draft_tokens[b + 1];
   end = end < start ? start : (end > num_tokens ? num_tokens : end);
   const int64_t count = end - start;
-  return {start, start + b, count < max_drafts ? count : max_drafts};
+  return {start, args.bonus_rows ? start + b : start, count < max_drafts ? count : max_drafts};
 }
 
 // Where the waits of a block of the request whose arrivals counter is
@@ -320,6 +321,8 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   request.truncating = !request.greedy && request.truncation.any();
   request.has_bonus = args.bonus_token_ids.data != nullptr;
   request.bonus_token = request.has_bonus ? args.bonus_token_ids[b] : -1;
+  // Without bonus rows there is no row to fall back on: an id outside [0, V) gives -1.
+  if (!args.bonus_rows && !request.valid(request.bonus_token)) request.bonus_token = -1;
   // Rows whose statistics the slices record: not the bonus row when the engine gives the bonus token.
   const int64_t last_recorded_row = request.has_bonus ? num_drafts - 1 : num_drafts;
 
