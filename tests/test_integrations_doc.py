@@ -25,10 +25,10 @@ def snippets_by_section() -> dict[str, list[str]]:
 def test_the_page_has_a_section_per_adapter():
     sections = snippets_by_section()
     assert list(sections) == ["FlashInfer", "SGLang", "vLLM"]
-    assert len(sections["FlashInfer"]) == len(sections["SGLang"]) == 1
+    assert len(sections["FlashInfer"]) == len(sections["SGLang"]) == len(sections["vLLM"]) == 1
 
 
-@pytest.mark.parametrize("section", ["FlashInfer", "SGLang"])
+@pytest.mark.parametrize("section", ["FlashInfer", "SGLang", "vLLM"])
 def test_snippet_runs(section):
     for snippet in snippets_by_section()[section]:
         assert 'backend="reference"' in snippet  # so it runs here, on CPU tensors
