@@ -53,7 +53,7 @@ Truncation (top-k / top-p / min-p). A threshold needs the whole row.
   and wait for all (the take/publish/wait of
   ``kernels/tree_verify_stages.py``). Stage 0 is the logits normalisers (in
   place of the two waves); the stages after it are the truncation search of
-  every row a decision may need, ``0..n_b`` (``0..n_b - 1`` with bonus ids),
+  every row a decision may need, ``0..n_b`` (``0..n_b - 1`` with a bonus id in ``[0, V)``),
   all at once, since the stop is unknown until the thresholds are: rows past
   the stop are read for nothing, the price of not deciding row by row. The
   totals are integer sums, so each program derives the same thresholds and
@@ -251,26 +251,30 @@ def _request_rows(draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, 
 
 
 @triton.jit
-def _takes_bonus(active, stop, num_drafts, HAS_BONUS: tl.constexpr):
-    """Requests that accepted all their drafts and emit the engine's bonus token (their bonus row is not read)."""
+def _bonus_ids(bonus_ptr, requests, active, vocab_size, HAS_BONUS: tl.constexpr, BONUS_ROWS: tl.constexpr):
+    """``(gives_bonus, bonus)``: the requests whose engine gives the bonus token, and that token.
+
+    An id outside ``[0, V)`` is no bonus (v1.3): with bonus rows the request
+    samples its bonus row as without ids; without them (``[T, V]``) there is
+    no row to fall back on, and its token there is ``-1``.
+    """
     if HAS_BONUS:
-        takes_bonus = active & (stop == num_drafts)
+        bonus = tl.load(bonus_ptr + requests, mask=active, other=-1)
+        in_vocabulary = (bonus >= 0) & (bonus < vocab_size)
+        bonus = tl.where(in_vocabulary, bonus, -1).to(tl.int32)
+        gives_bonus = active
+        if BONUS_ROWS:
+            gives_bonus = active & in_vocabulary
     else:
-        takes_bonus = active & (stop < 0)  # never: a tile & a Python bool is an int mask in the interpreter
-    return takes_bonus
+        bonus = (requests * 0 - 1).to(tl.int32)
+        gives_bonus = active & (requests < 0)  # never: a tile & a Python bool is an int mask in the interpreter
+    return gives_bonus, bonus
 
 
 @triton.jit
-def _bonus_tokens(bonus_ptr, requests, takes_bonus, token, vocab_size, HAS_BONUS: tl.constexpr,
-                  BONUS_ROWS: tl.constexpr):
-    """The bonus id where a request takes it; without ``BONUS_ROWS`` (no bonus row to fall back on) an id outside
-    ``[0, V)`` gives ``-1``."""
-    if HAS_BONUS:
-        bonus = tl.load(bonus_ptr + requests, mask=takes_bonus, other=-1)
-        if not BONUS_ROWS:
-            bonus = tl.where((bonus >= 0) & (bonus < vocab_size), bonus, -1)
-        token = tl.where(takes_bonus, bonus.to(tl.int32), token)
-    return token
+def _takes_bonus(gives_bonus, stop, num_drafts):
+    """Requests that accepted all their drafts and emit the engine's bonus token (their bonus row is not read)."""
+    return gives_bonus & (stop == num_drafts)
 
 
 @triton.jit(do_not_specialize=[
@@ -330,9 +334,8 @@ def _chain_verify_kernel(
         stride_ids_b, stride_target_b, stride_draft_b, HAS_NUM_DRAFTS, PACKED, BONUS_ROWS, ROWS)
     # The last target row a decision may read: n_b, or n_b - 1 when the engine gives the bonus token (row n_b is
     # then never read; the bonus-free layout has none).
-    last_row = num_drafts
-    if HAS_BONUS:
-        last_row -= 1
+    gives_bonus, bonus = _bonus_ids(bonus_ptr, requests, active, vocab_size, HAS_BONUS, BONUS_ROWS)
+    last_row = num_drafts - gives_bonus.to(tl.int32)
     positions = tl.arange(0, BLOCK_K1)[None, :]
     top_k, top_p, min_p, k_on, p_on, min_p_on = truncation_parameters(
         top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P, ROWS)
@@ -350,7 +353,7 @@ def _chain_verify_kernel(
             LOGITS, HAS_DRAFT, TRUNCATE, ROWS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
         at_stop = positions == stop[:, None]
         subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
-        takes_bonus = _takes_bonus(active, stop, num_drafts, HAS_BONUS)
+        takes_bonus = _takes_bonus(gives_bonus, stop, num_drafts)
         sampling = sampled & ~takes_bonus
         if tl.max(sampling.to(tl.int32), axis=0) > 0:
             sample_slice(
@@ -365,7 +368,7 @@ def _chain_verify_kernel(
             target_rows, chunk_total_ptr, chunk_pick_ptr, requests, sampling, subtract, stop, stop_max,
             stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_k,
             stop_threshold, stop_reciprocal, truncating, LOGITS, TRUNCATE, ROWS, BLOCK_V, CHUNK_TILE))
-        token = _bonus_tokens(bonus_ptr, requests, takes_bonus, token, vocab_size, HAS_BONUS, BONUS_ROWS)
+        token = tl.where(takes_bonus, bonus, token)
         write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
                       stride_output_b, BLOCK_K1)
     else:
@@ -420,9 +423,9 @@ def _chain_verify_kernel(
             if STAGED and TRUNCATE:
                 if tl.max(truncating, axis=0) > 0:
                     threshold, reciprocal = staged_thresholds(
-                        records, target_rows, truncating, num_drafts, top_k, top_p, min_p, k_on, p_on, min_p_on,
+                        records, target_rows, truncating, last_row, top_k, top_p, min_p, k_on, p_on, min_p_on,
                         target_max, target_inverse_norm, inverse_temperature, vocab_size, chunks_per_split,
-                        num_splits, stride_target_k, failed_ptr, give_up, LOGITS, HAS_BONUS, BLOCK_K1,
+                        num_splits, stride_target_k, failed_ptr, give_up, LOGITS, BLOCK_K1,
                         BLOCK_V, SEARCH_BLOCK)
                     target_at = truncated_probability(target_at, threshold, reciprocal, truncating[:, None] != 0)
             k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
@@ -436,7 +439,7 @@ def _chain_verify_kernel(
             subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
             stop_max = tl.sum(tl.where(at_stop, target_max, 0.0), axis=1)
             stop_inverse_norm = tl.sum(tl.where(at_stop, target_inverse_norm, 0.0), axis=1)
-            sampling = sampled & ~_takes_bonus(active, stop, num_drafts, HAS_BONUS)
+            sampling = sampled & ~_takes_bonus(gives_bonus, stop, num_drafts)
             stop_threshold = tl.sum(tl.where(at_stop, threshold, 0), axis=1)
             stop_reciprocal = tl.sum(tl.where(at_stop, reciprocal, 0.0), axis=1)
 
@@ -470,8 +473,7 @@ def _chain_verify_kernel(
                     stop_threshold, stop_reciprocal, truncating, LOGITS, TRUNCATE,
                     ROWS, BLOCK_V, CHUNK_TILE))
                 stop = tl.where(greedy, greedy_stop, stop)
-                token = _bonus_tokens(bonus_ptr, requests, _takes_bonus(active, stop, num_drafts, HAS_BONUS), token,
-                                      vocab_size, HAS_BONUS, BONUS_ROWS)
+                token = tl.where(_takes_bonus(gives_bonus, stop, num_drafts), bonus, token)
                 stop = tl.where(failed, 0, stop)  # the failure outcome: tokens -1, num_accepted 0
                 token = tl.where(failed, -1, token)
                 write_outputs(output_ptr, num_accepted_ptr, requests, active, stop,

@@ -63,25 +63,22 @@ def staged_statistics(
 
 @triton.jit
 def staged_thresholds(
-    records, target_rows, truncating, num_drafts, top_k, top_p, min_p, k_on, p_on, min_p_on, target_max,
+    records, target_rows, truncating, last_row, top_k, top_p, min_p, k_on, p_on, min_p_on, target_max,
     target_inverse_norm, inverse_temperature, vocab_size, chunks_per_split, num_splits, stride_target_k,
-    failed_ptr, give_up, LOGITS: tl.constexpr, HAS_BONUS: tl.constexpr, BLOCK_K1: tl.constexpr,
+    failed_ptr, give_up, LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr,
     BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
 ):
     """``(threshold, reciprocal)`` ``[1, BLOCK_K1]`` of the one request's target rows, staged.
 
-    The rows are ``0..n_b`` (acceptance tests and any stop row), or
-    ``0..n_b - 1`` with bonus ids (row ``n_b`` is then never sampled): all
+    The rows are ``0..last_row``: ``0..n_b`` (acceptance tests and any stop
+    row), or ``0..n_b - 1`` with a bonus id (row ``n_b`` is then never sampled): all
     at once, since the stop is unknown until the thresholds are; rows past
     the stop are read for nothing, the price of not deciding row by row.
     Arguments are the request's ``[1]`` values and ``[1, BLOCK_K1]``
     normalisers; every program of the request takes the same stages.
     """
     positions = tl.arange(0, BLOCK_K1)
-    last_row = tl.broadcast_to(num_drafts, (BLOCK_K1,))
-    if HAS_BONUS:
-        last_row = last_row - 1
-    searching = (tl.broadcast_to(truncating, (BLOCK_K1,)) != 0) & (positions <= last_row)
+    searching = (tl.broadcast_to(truncating, (BLOCK_K1,)) != 0) & (positions <= tl.broadcast_to(last_row, (BLOCK_K1,)))
     threshold = tl.zeros((BLOCK_K1,), tl.int32)
     reciprocal = tl.full((BLOCK_K1,), 1.0, tl.float64)
     if tl.max(searching.to(tl.int32), axis=0) > 0:

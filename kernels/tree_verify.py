@@ -547,9 +547,11 @@ def _tree_verify_kernel(
     draft_row = row_pointers(draft_ptr, requests, stride_draft_b, node, stride_draft_n)
     token = greedy_token
     if HAS_BONUS:
-        # A path ending where no child was rejected takes the engine's token: that row is not sampled.
-        takes_bonus = active & (rejected_here == 0)
-        token = tl.where(takes_bonus, tl.load(bonus_ptr + requests, mask=takes_bonus, other=-1).to(tl.int32), token)
+        # A path ending where no child was rejected takes the engine's token: that row is not sampled. An id
+        # outside [0, V) is no bonus (v1.3): the row is sampled as without ids.
+        bonus = tl.load(bonus_ptr + requests, mask=active, other=-1)
+        takes_bonus = active & (rejected_here == 0) & (bonus >= 0) & (bonus < vocab_size)
+        token = tl.where(takes_bonus, bonus.to(tl.int32), token)
         sampled = sampled & ~takes_bonus
     sampled = sampled & (failed == 0)
     if tl.max(sampled.to(tl.int32), axis=0) > 0:

@@ -71,8 +71,9 @@ def truncation_parameters(top_k_ptr, top_p_ptr, min_p_ptr, requests, active, voc
     else:
         min_p = tl.zeros((ROWS,), tl.float32)
     k_on = active & (top_k > 0) & (top_k < vocab_size)
-    p_on = active & (top_p < 1.0)
-    min_p_on = active & (min_p > 0.0)
+    # Outside its range (NaN included) a parameter is off, like at its neutral value (contract v1.3).
+    p_on = active & (top_p > 0.0) & (top_p < 1.0)
+    min_p_on = active & (min_p > 0.0) & (min_p <= 1.0)
     return top_k, top_p, min_p, k_on, p_on, min_p_on
 
 
@@ -147,7 +148,7 @@ def _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_
                                    SEARCH_BLOCK)
         # A goal of 0 is reached by every tau: keep the largest probability and its ties.
         threshold = tl.where(searching_p, tl.maximum(threshold, tl.minimum(threshold_p, max_key)), threshold)
-    scaled = tl.minimum(min_p, 1.0) * max_key.to(tl.float32, bitcast=True)
+    scaled = min_p * max_key.to(tl.float32, bitcast=True)
     threshold = tl.where(truncating & min_p_on, tl.maximum(threshold, probability_key(clean_probability(scaled))),
                          threshold)
     high, low = measured(row, truncating, no_candidates, threshold, row_max, row_inverse_norm, inverse_temperature,

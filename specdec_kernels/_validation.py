@@ -15,6 +15,13 @@ import threading
 import torch
 
 TOKEN_DTYPES = (torch.int32, torch.int64)
+# Python-number sampling parameters: (in range, the range in words). NaN is out of every range.
+_NUMBER_RANGES = {
+    "top_k": (lambda value: value >= 0, ">= 0 (0 = off)"),
+    "top_p": (lambda value: 0 < value <= 1, "in (0, 1] (1 = off)"),
+    "min_p": (lambda value: 0 <= value <= 1, "in [0, 1] (0 = off)"),
+}
+ROW_SUM_TOLERANCE = 1e-3  # validate=True: a probability row's sum may differ from 1 by this much (contract v1.3)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -142,9 +149,14 @@ class Checker:
         return self._batch_scalar(name, value, batch_size, (int, float), torch.float32)
 
     def _batch_scalar(self, name: str, value, batch_size: int, kinds, dtype):
+        """A Python number for the whole batch, as a ``[B]`` tensor; out of its range it raises at once (v1.3: a
+        tensor entry out of range is "off" for its request, a number out of range is a caller's mistake)."""
         if isinstance(value, bool) or not isinstance(value, kinds):
             self.fail(f"`{name}` must be a tensor of shape [B] or a Python number; got {type(value).__name__}",
                       TypeError)
+        in_range, text = _NUMBER_RANGES[name]
+        if not in_range(value):
+            self.fail(f"`{name}` must be {text}; got {value!r}")
         return torch.full((batch_size,), value, dtype=dtype, device=self.device)
 
     def sampling_parameter_values(self, top_k, top_p, min_p, bonus_token_ids, vocab_size: int) -> None:
@@ -229,6 +241,24 @@ class Checker:
             if bool(bad.any()):
                 where = [int(i) for i in bad.nonzero()[0]]
                 self.fail(f"`{name}`: {rule}; element {where} is {float(values[tuple(where)])}")
+            if not as_logits:
+                self._row_sums(name, values)
+
+    def _row_sums(self, name: str, values) -> None:
+        """Probability rows must sum to 1 within ``ROW_SUM_TOLERANCE`` (v1.3), or within 4 ulps of 1 where the
+        dtype's own rounding of a normalised row is coarser (float16, bfloat16). An all-zero ``draft`` row is no
+        distribution, the contract's marker of a deterministic proposal: allowed."""
+        if values.numel() == 0:
+            return
+        sums = values.double().sum(-1)
+        tolerance = max(ROW_SUM_TOLERANCE, 4 * torch.finfo(values.dtype).eps)
+        bad = (sums - 1).abs() > tolerance
+        if name == "draft":
+            bad &= sums != 0
+        if bool(bad.any()):
+            where = [int(i) for i in bad.nonzero()[0]]
+            self.fail(f"`{name}`: probability rows must sum to 1 within {tolerance:g}; row {where} sums to "
+                      f"{float(sums[tuple(where)]):.6g}")
 
 
 def _is_integer(value) -> bool:

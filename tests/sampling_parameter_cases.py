@@ -27,7 +27,7 @@ PARAMETER_SETS = {
 
 def parameter_values(names, batch_size, vocab_size, seed, device="cpu"):
     """Per-request values of the parameters ``names``, off values and extremes mixed in:
-    top_k in {0 (off), 1, 2, 5, 40, V - 1, V (off)}, top_p in {1 (off), 0 (the largest and its ties), 0.3, 0.9,
+    top_k in {0 (off), 1, 2, 5, 40, V - 1, V (off)}, top_p in {1 (off), 0 (out of range: off), 1e-6 (the largest and its ties), 0.3, 0.9,
     0.999, NaN (off)}, min_p in {0 (off), 0.05, 0.5, 1}; int32 or int64 top_k and bonus ids by the seed's parity."""
     generator = torch.Generator().manual_seed(seed)
     index_dtype = torch.int64 if seed % 2 else torch.int32
@@ -37,7 +37,7 @@ def parameter_values(names, batch_size, vocab_size, seed, device="cpu"):
 
     values = {
         "top_k": lambda: pick([0, 1, 2, 5, 40, vocab_size - 1, vocab_size], index_dtype),
-        "top_p": lambda: pick([1.0, 0.0, 0.3, 0.9, 0.999, float("nan")], torch.float32),
+        "top_p": lambda: pick([1.0, 0.0, 1e-6, 0.3, 0.9, 0.999, float("nan")], torch.float32),
         "min_p": lambda: pick([0.0, 0.05, 0.5, 1.0], torch.float32),
         "bonus_token_ids": lambda: torch.randint(0, vocab_size, (batch_size,), generator=generator, dtype=index_dtype),
     }

@@ -136,3 +136,31 @@ def test_logits_cover_the_target_only(op, backend):
     want = run(op, "reference", {**inputs, "target": probabilities}, temperature=temperature, seed=7)
     got = run(op, backend, {**inputs, "target": probabilities.log()}, logits=True, temperature=temperature, seed=7)
     assert_equal(got, want, op)
+
+
+# ----------------------------------------------------------------------------- bonus ids out of range
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_bonus_id_outside_the_vocabulary_is_no_bonus(op, backend):
+    """An entry outside [0, V) gives that request the outputs of a call without bonus ids (its bonus row,
+    or the final node's row, is sampled); an entry inside replaces the token where the request accepted
+    everything. Half the requests are greedy and propose the argmax, so they reach the bonus position."""
+    inputs = case(op, agree=1.0, seed=11)
+    temperature = on_device([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    vocab_size = inputs["target"].shape[-1]
+    bonus = torch.tensor([-1, vocab_size, 5, vocab_size + 3, -7, 2], device=DEVICE)
+    valid = (bonus >= 0) & (bonus < vocab_size)
+    plain = run(op, "reference", inputs, temperature=temperature, seed=3)
+    want = run(op, "reference", inputs, temperature=temperature, seed=3, bonus_token_ids=bonus)
+    tokens = 1 if op == "tree_verify" else 0
+    accepted = plain[-1]
+    for request in range(6):
+        if valid[request]:
+            continue
+        assert torch.equal(want[tokens][request], plain[tokens][request]), request
+    reached = [request for request in range(6) if valid[request] and bool(
+        want[tokens][request, accepted[request]] == bonus[request])]
+    assert reached, "no request with a valid id reached the bonus position: the case tests nothing"
+    got = run(op, backend, inputs, temperature=temperature, seed=3, bonus_token_ids=bonus)
+    assert_equal(got, want, op)

@@ -308,7 +308,7 @@ def test_validate_names_what_breaks_the_layout(edit, pattern):
 
 def test_validate_rejects_a_tree_deeper_than_spec_steps_and_accepts_a_valid_one():
     layout = sglang_layout([[-1, 0, 1, 2]])
-    candidates, target = torch.tensor([[1, 2, 3, 3]]), torch.rand(1, 4, 4)
+    candidates, target = torch.tensor([[1, 2, 3, 3]]), torch.softmax(torch.rand(1, 4, 4), -1)
     sglang.eagle_tree_verify(candidates, *layout, target, spec_steps=3, validate=True)
     with pytest.raises(ValueError, match="deeper than `spec_steps` = 2: request 0 node 3 is at depth 3"):
         sglang.eagle_tree_verify(candidates, *layout, target, spec_steps=2, validate=True)

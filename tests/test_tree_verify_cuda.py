@@ -465,8 +465,8 @@ def test_host_program_truncated_residual_rows_are_the_reference(draft_mode):
     ids, parents, target, draft = rejected_root_case(batch_size, vocab_size, seed=12)
     target[4:, 0] = torch.round(target[4:, 0] * 500) / 500
     target[torch.arange(batch_size).view(-1, 1), 0, ids[:, 1:]] = 0.0  # every child rejected: p(t) = 0
-    #                        k   p     min_p  (neutral: 0, 1, 0)
-    parameters = torch.tensor([[5, 1.0, 0.0], [0, 0.9, 0.0], [0, 1.0, 0.05], [40, 0.8, 0.01], [0, 0.0, 0.0],
+    #                        k   p     min_p  (neutral: 0, 1, 0; p = 1e-6 keeps the largest and its ties)
+    parameters = torch.tensor([[5, 1.0, 0.0], [0, 0.9, 0.0], [0, 1.0, 0.05], [40, 0.8, 0.01], [0, 1e-6, 0.0],
                                [50, 0.95, 0.0], [0, 0.5, 0.2]])
     top_k, top_p, min_p = parameters[:, 0].to(torch.int64), parameters[:, 1].contiguous(), parameters[:, 2].contiguous()
     draft = None if draft_mode is None else draft

@@ -72,22 +72,26 @@ def chain_verify(
         makes it symbolic, not one per step.
     top_k : Tensor int32/int64 ``[B]``, int, or None
         Keep the ``top_k`` most probable tokens of every target row (ties at
-        the threshold kept); ``0`` or ``>= V`` = off.
+        the threshold kept); ``0`` or ``>= V`` = off. A Python int below 0
+        raises; a tensor entry below 0 is off for its request.
     top_p : Tensor float32 ``[B]``, float, or None
         Then keep the smallest set of most probable tokens whose mass reaches
-        ``top_p``; ``1`` = off.
+        ``top_p``; ``1`` = off. A Python float outside ``(0, 1]`` raises; a
+        tensor entry outside it (NaN included) is off for its request.
     min_p : Tensor float32 ``[B]``, float, or None
         Then drop tokens below ``min_p`` times the row's largest probability;
-        ``0`` = off. The truncated target is renormalised and verification is
+        ``0`` = off; outside ``[0, 1]``: raises (Python) or off (entry). The truncated target is renormalised and verification is
         exact with respect to it (``docs/algorithms.md``); a request with
         every parameter off pays nothing.
     bonus_token_ids : Tensor int32/int64 ``[B]`` or None
         A request whose drafts are all accepted emits this token (from the engine's own sampler)
-        instead of sampling or taking the argmax (greedy requests too); that row is then not read.
+        instead of sampling or taking the argmax (greedy requests too); that row is then not read. An id
+        outside ``[0, V)`` is no bonus: that request samples its bonus row.
     backend : {"auto", "reference", "triton", "cuda"}
     validate : bool
         Check token ids, counts, temperatures and the distributions' values
-        (no NaN; probabilities finite and >= 0; logits not +inf) on the host
+        (no NaN; probabilities finite and >= 0, rows summing to 1 within 1e-3;
+        logits not +inf) on the host
         (synchronises) and raise.
 
     Returns

@@ -27,12 +27,12 @@ Thresholds, with ``key`` over the whole row:
 * ``tau_k`` = the ``k``-th largest key (counting ties) when ``0 < k < V``;
 * ``tau_p`` = the largest key ``tau`` with ``F(tau) >= top_p * S`` where
   ``F(tau)`` is the mass of the tokens with ``key >= max(tau, tau_k)`` and
-  ``S = F(tau_k)``, when ``top_p < 1`` (``top_p <= 0`` keeps the largest
-  probability and its ties);
-* ``tau_m`` = the key of ``float32(min(min_p, 1) * max p)`` when ``min_p > 0``.
+  ``S = F(tau_k)``, when ``0 < top_p < 1``;
+* ``tau_m`` = the key of ``float32(min_p * max p)`` when ``0 < min_p <= 1``.
 
-A parameter is off at its neutral value (``top_k`` outside ``(0, V)``,
-``top_p >= 1`` or NaN, ``min_p <= 0`` or NaN). A request with every
+A parameter is off at its neutral value and outside its range (contract
+v1.3: ``top_k`` outside ``(0, V)``, ``top_p`` outside ``(0, 1)``, ``min_p``
+outside ``(0, 1]``, NaN included). A request with every
 parameter off keeps its rows exactly as given (not renormalised); a request
 with any parameter on gets ``normalise(p * kept)`` on every target row.
 """
@@ -56,15 +56,25 @@ def keys(cleaned: torch.Tensor) -> torch.Tensor:
     return cleaned.contiguous().view(torch.int32)
 
 
+def top_p_on(top_p: torch.Tensor) -> torch.Tensor:
+    """Requests whose ``top_p`` truncates: ``0 < top_p < 1`` (1 is off; 0, above 1 and NaN are out of range: off)."""
+    return (top_p > 0.0) & (top_p < 1.0)
+
+
+def min_p_on(min_p: torch.Tensor) -> torch.Tensor:
+    """Requests whose ``min_p`` truncates: ``0 < min_p <= 1`` (0 is off; above 1 and NaN are out of range: off)."""
+    return (min_p > 0.0) & (min_p <= 1.0)
+
+
 def active_requests(top_k, top_p, min_p, vocab_size: int, batch_size: int, device) -> torch.Tensor:
     """bool ``[B]``: requests with at least one parameter on."""
     active = torch.zeros(batch_size, dtype=torch.bool, device=device)
     if top_k is not None:
         active |= (top_k > 0) & (top_k < vocab_size)
     if top_p is not None:
-        active |= top_p < 1.0
+        active |= top_p_on(top_p)
     if min_p is not None:
-        active |= min_p > 0.0
+        active |= min_p_on(min_p)
     return active
 
 
@@ -104,11 +114,11 @@ def truncate(probabilities: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
         # cumulative is non-decreasing: the first index reaching the mass gives tau_p (see the docstring).
         first = torch.searchsorted(cumulative, required, right=False).clamp_max(vocab_size - 1)
         threshold_p = sorted_keys.gather(-1, first)
-        threshold = torch.maximum(threshold, torch.where(top_p.view(-1, 1, 1) < 1.0, threshold_p, zero))
+        threshold = torch.maximum(threshold, torch.where(top_p_on(top_p).view(-1, 1, 1), threshold_p, zero))
     if min_p is not None:
-        scaled = (min_p.clamp_max(1.0).view(-1, 1, 1) * cleaned.amax(dim=-1, keepdim=True)).to(torch.float32)
+        scaled = (min_p.view(-1, 1, 1) * cleaned.amax(dim=-1, keepdim=True)).to(torch.float32)
         threshold_m = keys(clean(scaled))
-        threshold = torch.maximum(threshold, torch.where(min_p.view(-1, 1, 1) > 0.0, threshold_m, zero))
+        threshold = torch.maximum(threshold, torch.where(min_p_on(min_p).view(-1, 1, 1), threshold_m, zero))
 
     truncated = _sampling.normalise(torch.where(key >= threshold, cleaned, 0.0))
     return torch.where(active.view(-1, 1, 1), truncated, probabilities)

@@ -33,7 +33,8 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
       on the sample stream at position ``j``; greedy requests emit the
       argmax. A row without mass (or without a greedy choice) emits ``-1``;
     * with ``bonus_token_ids``, a request that accepted all ``n_b`` drafts
-      emits ``bonus_token_ids[b]`` instead (greedy requests too).
+      emits ``bonus_token_ids[b]`` instead (greedy requests too); an id
+      outside ``[0, V)`` is no bonus: the bonus row is sampled (v1.3).
     """
     batch_size, max_drafts = draft_token_ids.shape
     vocab_size = target.shape[-1]
@@ -89,7 +90,8 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     if temperature is not None:
         emitted = torch.where(greedy, _sampling.greedy_tokens(_row_at(target, stop), logits), emitted)
     if bonus_token_ids is not None:
-        emitted = torch.where(stop == num_drafts, bonus_token_ids.to(torch.int64), emitted)
+        valid_bonus = (bonus_token_ids >= 0) & (bonus_token_ids < vocab_size)
+        emitted = torch.where((stop == num_drafts) & valid_bonus, bonus_token_ids.to(torch.int64), emitted)
 
     output = torch.full((batch_size, max_drafts + 1), -1, dtype=torch.int32, device=device)
     output[:, :max_drafts] = torch.where(positions.view(1, -1) < stop.view(-1, 1), token_ids, -1).to(torch.int32)

@@ -75,8 +75,13 @@ def chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max
         padded_ids = torch.where(in_chain, draft_token_ids.to(torch.int64)[draft_rows], -1)
         padded_draft = None if draft is None else draft.index_select(0, draft_rows.flatten()).view(
             batch_size, max_drafts, vocab_size)
-    if not bonus_rows:
-        # No bonus row to sample: an out-of-range bonus id gives -1 there.
-        bonus_token_ids = torch.where((bonus_token_ids >= 0) & (bonus_token_ids < vocab_size), bonus_token_ids, -1)
-    return chain_reference.chain_verify(padded_ids, padded_target, padded_draft, num_drafts.to(torch.int32),
-                                        temperature, logits, seed, offset, top_k, top_p, min_p, bonus_token_ids)
+    if bonus_rows:
+        return chain_reference.chain_verify(padded_ids, padded_target, padded_draft, num_drafts.to(torch.int32),
+                                            temperature, logits, seed, offset, top_k, top_p, min_p, bonus_token_ids)
+    # No bonus row to sample: a request that accepts all its drafts with an out-of-range bonus id emits -1 there.
+    valid_bonus = (bonus_token_ids >= 0) & (bonus_token_ids < vocab_size)
+    output, num_accepted = chain_reference.chain_verify(
+        padded_ids, padded_target, padded_draft, num_drafts.to(torch.int32), temperature, logits, seed, offset,
+        top_k, top_p, min_p, torch.where(valid_bonus, bonus_token_ids, 0))
+    no_token = (~valid_bonus & (num_accepted == num_drafts)).view(-1, 1) & (positions == count)
+    return output.masked_fill(no_token, -1), num_accepted

@@ -68,7 +68,8 @@ def tree_verify(
       (``-1`` for a row without mass or without a greedy choice);
     * with ``bonus_token_ids``, a request none of whose final node's
       children was tried (the path ends at a leaf, as a chain whose drafts
-      were all accepted) emits ``bonus_token_ids[b]`` instead.
+      were all accepted) emits ``bonus_token_ids[b]`` instead; an id outside
+      ``[0, V)`` is no bonus: the final node's row is sampled (v1.3).
 
     Malformed values never index out of bounds: a node whose parent is not in
     ``[0, i)`` is unreachable, ``num_nodes`` is clamped to ``[1, N]`` (the
@@ -154,7 +155,8 @@ def tree_verify(
     sampled = _sampling.sample(keys, current, _sampling.fixed_point(residual_target))
     emitted = torch.where(greedy, greedy_targets[rows, current], sampled)
     if bonus_token_ids is not None:
-        emitted = torch.where(rejected_at_current, emitted, bonus_token_ids.to(torch.int64))
+        takes_bonus = ~rejected_at_current & (bonus_token_ids >= 0) & (bonus_token_ids < vocab_size)
+        emitted = torch.where(takes_bonus, bonus_token_ids.to(torch.int64), emitted)
     output[rows, num_accepted] = emitted
     return accepted_nodes.to(torch.int32), output.to(torch.int32), num_accepted.to(torch.int32)
 

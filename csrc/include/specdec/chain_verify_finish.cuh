@@ -319,10 +319,11 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   request.truncation = load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size);
   // Greedy requests ignore the parameters (the argmax is always kept).
   request.truncating = !request.greedy && request.truncation.any();
-  request.has_bonus = args.bonus_token_ids.data != nullptr;
-  request.bonus_token = request.has_bonus ? args.bonus_token_ids[b] : -1;
-  // Without bonus rows there is no row to fall back on: an id outside [0, V) gives -1.
-  if (!args.bonus_rows && !request.valid(request.bonus_token)) request.bonus_token = -1;
+  // An id outside [0, V) is no bonus (v1.3): with bonus rows the request samples its bonus row as without ids;
+  // without them there is no row to fall back on, and its token there is -1.
+  const int64_t bonus_id = args.bonus_token_ids.data != nullptr ? args.bonus_token_ids[b] : -1;
+  request.has_bonus = args.bonus_token_ids.data != nullptr && (request.valid(bonus_id) || !args.bonus_rows);
+  request.bonus_token = request.valid(bonus_id) ? bonus_id : -1;
   // Rows whose statistics the slices record: not the bonus row when the engine gives the bonus token.
   const int64_t last_recorded_row = request.has_bonus ? num_drafts - 1 : num_drafts;
 

@@ -656,11 +656,13 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
     truncation_ready = false;
   }
 
+  // An id outside [0, V) is no bonus (v1.3): the final node's row is sampled as without ids.
+  const int64_t bonus = args.bonus_token_ids.data != nullptr ? args.bonus_token_ids[b] : -1;
   int64_t emitted;
   if (failed) {
     emitted = -1;  // the request's last block writes the failure outcome
-  } else if (args.bonus_token_ids.data != nullptr && !rejected_here) {
-    emitted = args.bonus_token_ids[b];  // the path ends at a leaf: the engine's token, no row read
+  } else if (bonus >= 0 && bonus < args.vocab_size && !rejected_here) {
+    emitted = bonus;  // the path ends at a leaf: the engine's token, no row read
   } else if (greedy) {
     emitted = choice != -2 ? choice : greedy_choice(block, target + current * args.target_stride_n, vocab_size,
                                                     args.logits);

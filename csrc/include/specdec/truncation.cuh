@@ -67,7 +67,7 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float truncated_probability(float p, con
 }
 
 // One request's parameters; each is off at its neutral value (top_k outside
-// (0, V), top_p >= 1 or NaN, min_p <= 0 or NaN) or when not given.
+// (0, V), top_p outside (0, 1), min_p outside (0, 1], NaN included) or when not given.
 struct TruncationParameters {
   int64_t top_k;
   float top_p, min_p;
@@ -84,8 +84,9 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE TruncationParameters load_truncation_par
   parameters.top_p = top_p == nullptr ? 1.0f : top_p[request];
   parameters.min_p = min_p == nullptr ? 0.0f : min_p[request];
   parameters.k_on = parameters.top_k > 0 && parameters.top_k < vocab_size;
-  parameters.p_on = parameters.top_p < 1.0f;
-  parameters.min_p_on = parameters.min_p > 0.0f;
+  // Outside its range (NaN included) a parameter is off, like at its neutral value (contract v1.3).
+  parameters.p_on = parameters.top_p > 0.0f && parameters.top_p < 1.0f;
+  parameters.min_p_on = parameters.min_p > 0.0f && parameters.min_p <= 1.0f;
   return parameters;
 }
 
@@ -303,8 +304,7 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int32_t combined_threshold(const Truncat
     threshold = capped > threshold ? capped : threshold;
   }
   if (parameters.min_p_on) {
-    const float scale = parameters.min_p < 1.0f ? parameters.min_p : 1.0f;
-    const int32_t threshold_m = probability_key(fmul_rn(scale, bits_as_float(static_cast<uint32_t>(max_key))));
+    const int32_t threshold_m = probability_key(fmul_rn(parameters.min_p, bits_as_float(static_cast<uint32_t>(max_key))));
     threshold = threshold_m > threshold ? threshold_m : threshold;
   }
   return threshold;
