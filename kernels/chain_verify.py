@@ -94,7 +94,8 @@ import triton
 import triton.language as tl
 
 from .chain_verify_finish import count_give_ups, greedy_decisions, sampled_tokens, wait_for, write_outputs
-from .chain_verify_rows import inverse_norm, request_temperatures, row_at, row_statistics, sample_slice, scan_statistics
+from .chain_verify_rows import (inverse_norm, proposal_probability, request_temperatures, row_at, row_statistics,
+                                sample_slice, scan_statistics)
 from .chain_verify_stages import clear_request_records, request_records, staged_statistics, staged_thresholds
 from .faults import CHAIN_WAIT_GAVE_UP
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
@@ -154,7 +155,7 @@ def _walk_rows(
                     LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
                 p = truncated_probability(p, threshold, reciprocal, truncating != 0)
         if HAS_DRAFT:
-            q = tl.load(draft_row + token, mask=gather, other=0.0).to(tl.float32)
+            q = proposal_probability(tl.load(draft_row + token, mask=gather, other=0.0).to(tl.float32))
         else:
             q = tl.full((ROWS,), 1.0, tl.float32)
         w0, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, requests * 0 + position, requests * 0)
@@ -407,8 +408,9 @@ def _chain_verify_kernel(
             target_at = tl.load(row_at(target_rows[:, None], positions, stride_target_k) + safe_ids, mask=gather,
                                 other=0.0).to(tl.float32)
             if HAS_DRAFT:
-                draft_at = tl.load(row_at(draft_rows[:, None], positions, stride_draft_k) + safe_ids, mask=gather,
-                                   other=0.0).to(tl.float32)
+                draft_at = proposal_probability(tl.load(
+                    row_at(draft_rows[:, None], positions, stride_draft_k) + safe_ids, mask=gather,
+                    other=0.0).to(tl.float32))
             else:
                 draft_at = tl.full((ROWS, BLOCK_K1), 1.0, tl.float32)
             target_max = tl.zeros((ROWS, BLOCK_K1), tl.float32)

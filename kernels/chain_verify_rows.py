@@ -55,7 +55,8 @@ def sample_slice(
 
     ``target_rows`` / ``draft_rows`` point at each request's row 0 (rows
     ``stride_target_k`` / ``stride_draft_k`` apart). The weights are the
-    residual ``max(0, p - q)`` where ``subtract``, else ``p``; with
+    residual ``max(0, p - q)`` where ``subtract``, else ``p``, with ``q`` the
+    point mass on ``stop_token`` where that was not drawn from the draft; with
     ``LOGITS`` the target rows are logits normalised by the stop row's
     ``(max, 1 / sum)`` (draft rows are always probabilities, v1.3). ``sampled`` masks the requests. With ``TRUNCATE``
     ``p`` is the stop row's top-k/top-p/min-p truncation where ``truncating``
@@ -63,9 +64,16 @@ def sample_slice(
     """
     vocab = tl.arange(0, BLOCK_V)[None, :]
     target_row = row_at(target_rows, stop, stride_target_k)[:, None]
-    draft_row = row_at(draft_rows, stop, stride_draft_k)[:, None]
+    draft_row = row_at(draft_rows, stop, stride_draft_k)
     slot = requests.to(tl.int64) * num_chunks
-    subtracting = subtract[:, None]
+    # The residual subtracts the draft row where the stop token was drawn from it, else the point mass on the
+    # token (no draft, or q(t) not > 0: a deterministic proposal, v1.3).
+    point_mass = subtract[:, None]
+    if HAS_DRAFT:
+        draft_at_token = tl.load(draft_row + stop_token, mask=subtract, other=0.0).to(tl.float32)
+        from_draft = (subtract & drawn_from_draft(draft_at_token))[:, None]
+        point_mass = point_mass & ~from_draft
+    draft_row = draft_row[:, None]
     # Not with TRUNCATE: its kernels sit at the register cap, and the stages' buffers' addresses spill them.
     for chunk in tl.range(chunk_lo, chunk_hi, num_stages=1 if TRUNCATE else LOAD_STAGES):
         index = chunk * BLOCK_V + vocab
@@ -76,13 +84,26 @@ def sample_slice(
             p = truncated_probability(p, truncation_threshold[:, None], truncation_reciprocal[:, None],
                                       truncating[:, None] != 0)
         if HAS_DRAFT:
-            q = tl.load(draft_row + index, mask=mask & subtracting, other=0.0).to(tl.float32)
+            q = tl.load(draft_row + index, mask=mask & from_draft, other=0.0).to(tl.float32)
         else:
-            q = tl.where(subtracting & (index == stop_token[:, None]), 1.0, 0.0)
+            q = tl.zeros((1, BLOCK_V), tl.float32)
+        q = tl.where(point_mass & (index == stop_token[:, None]), 1.0, q)
         # fixed_point maps the negatives and NaNs of p - q to 0: max(0, p - q) in one step.
         total, offset = chunk_pick(fixed_point(p - q), chunk_draw(k0, k1, c2, c3, stop, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
         tl.store(chunk_pick_ptr + slot + chunk, chunk * BLOCK_V + offset, mask=sampled)
+
+
+@triton.jit
+def drawn_from_draft(draft_at_token):
+    """Proposals that can have been drawn from the draft: ``q(t) > 0`` (``reference/_sampling.drawn_from_draft``)."""
+    return draft_at_token > 0.0
+
+
+@triton.jit
+def proposal_probability(draft_at_token):
+    """The ``q(t)`` of the acceptance test: itself if drawn from the draft, else 1, the point mass on ``t``."""
+    return tl.where(drawn_from_draft(draft_at_token), draft_at_token, 1.0)
 
 
 @triton.jit

@@ -74,7 +74,8 @@ Offsets that multiply a stride are 64-bit.
 import triton
 import triton.language as tl
 
-from .chain_verify_rows import inverse_norm, request_temperatures, row_pointers, row_statistics
+from .chain_verify_rows import (drawn_from_draft, inverse_norm, proposal_probability, request_temperatures,
+                                row_pointers, row_statistics)
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
                        normaliser_reciprocal, row_probabilities, split_sums)
@@ -157,15 +158,17 @@ def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_
     if HAS_DRAFT:
         q = _draft_values(draft_row, draft_row, index, q_mask, never)
     for slot in range(0, replayed):
-        rejected, residual, p_reciprocal, q_reciprocal = replayed_rejection(replay_tokens, replay_reciprocals, slot)
+        rejected, residual, point_mass, p_reciprocal, q_reciprocal = replayed_rejection(
+            replay_tokens, replay_reciprocals, slot)
         if HAS_DRAFT:
-            tried = q
+            tried = tl.where(point_mass != 0, tl.where(index == rejected, 1.0, 0.0), q)
         else:
             tried = tl.where(index == rejected, 1.0, 0.0)
         weights = tl.where(residual != 0, fixed_point(p - tried), fixed_point(p))
         p = (weights.to(tl.float64) * p_reciprocal).to(tl.float32)
-        if REMOVE_DRAWN:
-            q = (fixed_point(tl.where(index == rejected, 0.0, q)).to(tl.float64) * q_reciprocal).to(tl.float32)
+        if REMOVE_DRAWN:  # a deterministic candidate was not drawn: q stays
+            removed = (fixed_point(tl.where(index == rejected, 0.0, q)).to(tl.float64) * q_reciprocal).to(tl.float32)
+            q = tl.where(point_mass != 0, q, removed)
     if not HAS_DRAFT:
         q = tl.where(index == token, 1.0, 0.0)
     return p, q
@@ -174,7 +177,7 @@ def _replayed_rows(target_row, draft_row, index, mask, q_mask, p_max, p_inverse_
 @triton.jit
 def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
                   p_max, p_inverse_norm, inverse_temperature,
-                  pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
+                  pending, pending_token, pending_residual, pending_point_mass, p_reciprocal, q_reciprocal, token,
                   truncation_threshold, truncation_reciprocal, truncating,
                   LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr):
     """The current ``p`` and the proposal ``q`` that ``token`` was drawn from, at ``index``.
@@ -183,7 +186,9 @@ def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
     become the current ones through the rejection pending on each row (where
     ``pending``): ``p = float32(W * r_p)``, ``W`` the fixed-point residual
     against the proposal of ``pending_token`` (or of ``p`` where the residual
-    had no mass), and, removing the drawn token, ``q`` likewise. These are
+    had no mass; the point mass on ``pending_token`` where
+    ``pending_point_mass``, a deterministic candidate), and, removing the
+    drawn token, ``q`` likewise (not after a deterministic candidate). These are
     the rows ``_sampling.normalise`` gives the reference, computed where they
     are read instead of written out first. Without a draft the proposal is
     one-hot on ``token``. ``q_mask`` masks the draft reads: a caller that
@@ -197,7 +202,7 @@ def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
         else:
             q_from_scratch = from_scratch != from_scratch  # with replacement q is never rewritten
         q = _draft_values(draft_row, q_scratch, index, q_mask, q_from_scratch)
-        tried = q
+        tried = tl.where(pending_point_mass != 0, tl.where(index == pending_token, 1.0, 0.0), q)
     else:
         tried = tl.where(index == pending_token, 1.0, 0.0)
     # fixed_point maps the negatives and NaNs of p - q to 0: max(0, p - q) in one step.
@@ -206,7 +211,8 @@ def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
     if HAS_DRAFT:
         if REMOVE_DRAWN:
             drawn = fixed_point(tl.where(index == pending_token, 0.0, q))
-            q = tl.where(pending != 0, (drawn.to(tl.float64) * q_reciprocal).to(tl.float32), q)
+            q = tl.where((pending != 0) & (pending_point_mass == 0), (drawn.to(tl.float64) * q_reciprocal).to(tl.float32),
+                         q)
     else:
         q = tl.where(index == token, 1.0, 0.0)
     return p, q
@@ -215,7 +221,7 @@ def _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 @triton.jit
 def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
                   p_max, p_inverse_norm, inverse_temperature,
-                  pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
+                  pending, pending_token, pending_residual, pending_point_mass, p_reciprocal, q_reciprocal, token,
                   truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
                   LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr, TRUNCATE: tl.constexpr,
                   SPLIT: tl.constexpr):
@@ -228,8 +234,8 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
     else:
         p, q = _pending_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_mask, from_scratch,
                              p_max, p_inverse_norm, inverse_temperature,
-                             pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
-                             truncation_threshold, truncation_reciprocal, truncating,
+                             pending, pending_token, pending_residual, pending_point_mass, p_reciprocal, q_reciprocal,
+                             token, truncation_threshold, truncation_reciprocal, truncating,
                              LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE)
     return p, q
 
@@ -237,12 +243,14 @@ def _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, q_ma
 @triton.jit
 def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writing, from_scratch,
                     p_max, p_inverse_norm, inverse_temperature,
-                    pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
+                    pending, pending_token, pending_residual, pending_point_mass, p_reciprocal, q_reciprocal, token,
+                    point_mass,
                     truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
                     first, end, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, REMOVE_DRAWN: tl.constexpr,
                     TRUNCATE: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
     """One pass over the rejecting rows' entries ``[first, end)``: the split totals of the fixed-point weights of
-    ``max(0, p - q)``, of ``p`` and of ``q`` without ``token``, for the current ``p`` and ``q``.
+    ``max(0, p - q)``, of ``p`` and of ``q`` without ``token``, for the current ``p`` and ``q`` (``q`` the
+    point mass on ``token`` in the residual where ``point_mass``: a deterministic candidate).
 
     Rows that are ``writing`` (a rejection was already pending) also store
     their current rows in the scratch rows, which become their base. Each
@@ -261,13 +269,16 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
         mask = rejecting & (index < end)
         p, q = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask, from_scratch,
                              p_max, p_inverse_norm, inverse_temperature,
-                             pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, token,
-                             truncation_threshold, truncation_reciprocal, truncating,
+                             pending, pending_token, pending_residual, pending_point_mass, p_reciprocal, q_reciprocal,
+                             token, truncation_threshold, truncation_reciprocal, truncating,
                              replay_tokens, replay_reciprocals, replayed, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         tl.store(p_scratch + index, p, mask=mask & writing)
         if REMOVE_DRAWN:
             tl.store(q_scratch + index, q, mask=mask & writing)
-        high, low = split_sums(fixed_point(p - q))
+        tried = q
+        if HAS_DRAFT:
+            tried = tl.where(point_mass != 0, tl.where(index == token, 1.0, 0.0), q)
+        high, low = split_sums(fixed_point(p - tried))
         residual_high += high
         residual_low += low
         high, low = split_sums(fixed_point(p))
@@ -282,7 +293,7 @@ def _rejection_pass(target_row, draft_row, p_scratch, q_scratch, rejecting, writ
 
 @triton.jit
 def _sample_chunks(target_row, draft_row, p_scratch, q_scratch, sampled, from_scratch, p_max, p_inverse_norm,
-                   inverse_temperature, pending, pending_token, pending_residual,
+                   inverse_temperature, pending, pending_token, pending_residual, pending_point_mass,
                    p_reciprocal, q_reciprocal, truncation_threshold, truncation_reciprocal, truncating,
                    replay_tokens, replay_reciprocals, replayed, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node,
                    first_chunk, end_chunk, vocab_size, LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr,
@@ -299,8 +310,8 @@ def _sample_chunks(target_row, draft_row, p_scratch, q_scratch, sampled, from_sc
         mask = sampled[:, None] & (index < vocab_size)
         p, _ = _current_rows(target_row, draft_row, p_scratch, q_scratch, index, mask, mask & (pending != 0),
                              from_scratch, p_max, p_inverse_norm, inverse_temperature,
-                             pending, pending_token, pending_residual, p_reciprocal, q_reciprocal, pending_token,
-                             truncation_threshold, truncation_reciprocal, truncating,
+                             pending, pending_token, pending_residual, pending_point_mass, p_reciprocal, q_reciprocal,
+                             pending_token, truncation_threshold, truncation_reciprocal, truncating,
                              replay_tokens, replay_reciprocals, replayed, LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         total, offset = chunk_pick(fixed_point(p), chunk_draw(k0, k1, c2, c3, node, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)
@@ -421,6 +432,7 @@ def _tree_verify_kernel(
     pending_node = node - 1  # the node with a rejection not yet applied to its base rows
     pending_token = tl.zeros((ROWS,), tl.int64)
     pending_residual = node  # 1: the pending rejection's residual had mass, 0: it falls back to p
+    pending_point_mass = node  # 1: the pending rejection's candidate was deterministic (q(t) not > 0, v1.3)
     p_reciprocal = tl.zeros((ROWS,), tl.float64)
     q_reciprocal = p_reciprocal
     p_max = tl.zeros((ROWS,), tl.float32)
@@ -482,9 +494,14 @@ def _tree_verify_kernel(
         gather = trying & sampled
         target_at, draft_at = _current_rows(
             target_row, draft_row, p_scratch, q_scratch, token, gather, gather, from_scratch, p_max, p_inverse_norm,
-            inverse_temperature, pending, pending_token, pending_residual, p_reciprocal,
+            inverse_temperature, pending, pending_token, pending_residual, pending_point_mass, p_reciprocal,
             q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
+        point_mass = node * 0 + 1  # without a draft every candidate is deterministic
+        if HAS_DRAFT:
+            # A candidate with q(t) not > 0 was not drawn from q: tested against the point mass on t (v1.3).
+            point_mass = (~drawn_from_draft(draft_at)).to(tl.int32)
+            draft_at = proposal_probability(draft_at)
         word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
         accepted = trying & tl.where(greedy, token == greedy_token.to(tl.int64),
                                      uniform_from_word(word) * draft_at < target_at)
@@ -498,8 +515,8 @@ def _tree_verify_kernel(
                 target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], rejecting[:, None],
                 writing[:, None], from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None],
                 inverse_temperature[:, None], pending[:, None], pending_token[:, None],
-                pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None], token[:, None],
-                truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
+                pending_residual[:, None], pending_point_mass[:, None], p_reciprocal[:, None], q_reciprocal[:, None],
+                token[:, None], point_mass[:, None], truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
                 replay_tokens, replay_reciprocals, replayed)
             if SPLIT:
                 # The request's programs share the pass, slice by slice.
@@ -523,13 +540,14 @@ def _tree_verify_kernel(
             pending_node = tl.where(rejecting, node, pending_node)
             pending_token = tl.where(rejecting, token, pending_token)
             pending_residual = tl.where(rejecting, use_residual.to(tl.int32), pending_residual)
+            pending_point_mass = tl.where(rejecting, point_mass, pending_point_mass)
             p_reciprocal = tl.where(rejecting, normaliser_reciprocal(tl.where(use_residual, residual_high, target_high),
                                                            tl.where(use_residual, residual_low, target_low)),
                                     p_reciprocal)
             q_reciprocal = tl.where(rejecting, normaliser_reciprocal(drawn_high, drawn_low), q_reciprocal)
             if SPLIT:
                 replay_tokens, replay_reciprocals = replay_rejection(
-                    replay_tokens, replay_reciprocals, replayed, pending_token, pending_residual,
+                    replay_tokens, replay_reciprocals, replayed, pending_token, pending_residual, pending_point_mass,
                     p_reciprocal, q_reciprocal)
                 replayed += 1
                 stage += 1
@@ -560,8 +578,8 @@ def _tree_verify_kernel(
             target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], sampled,
             (scratch_node == node)[:, None], p_max[:, None], p_inverse_norm[:, None],
             inverse_temperature[:, None], (pending_node == node).to(tl.int32)[:, None],
-            pending_token[:, None], pending_residual[:, None], p_reciprocal[:, None], q_reciprocal[:, None],
-            truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
+            pending_token[:, None], pending_residual[:, None], pending_point_mass[:, None], p_reciprocal[:, None],
+            q_reciprocal[:, None], truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
             replay_tokens, replay_reciprocals, replayed, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node)
         if SPLIT:
             record = history + stage * STAGE_WORDS

@@ -54,7 +54,7 @@ PUBLISHED_WORD = tl.constexpr(1)
 TOTALS_WORD = tl.constexpr(2)
 ENTRY_WORD = tl.constexpr(2)
 _HIGH_SHIFT = tl.constexpr(32)  # replay reciprocals: p's float32 bits below bit 32, q's above,
-_SIGN_SHIFT = tl.constexpr(31)  # and the residual flag in the sign bit of p's
+_SIGN_SHIFT = tl.constexpr(31)  # and the residual flag in the sign bit of p's (the point-mass flag in q's)
 _LOW_MASK = tl.constexpr((1 << 32) - 1)
 _MAGNITUDE_MASK = tl.constexpr((1 << 31) - 1)
 ENDED_WORD = tl.constexpr(0)  # end record: programs counted out,
@@ -150,10 +150,12 @@ def entry_statistics(record, p_max, p_inverse_norm, LOGITS: tl.constexpr):
 
 
 @triton.jit
-def replay_rejection(replay_tokens, replay_reciprocals, slot, token, use_residual, p_reciprocal, q_reciprocal):
+def replay_rejection(replay_tokens, replay_reciprocals, slot, token, use_residual, point_mass, p_reciprocal,
+                     q_reciprocal):
     """The replay registers with the current node's rejection number ``slot`` set (``[1]`` values: the program's
     one request): the token (int32), and one word of the float32 bits of the two reciprocals (float32 values
-    widened, ``normaliser_reciprocal``; positive, so the sign bit of ``p``'s holds the residual flag).
+    widened, ``normaliser_reciprocal``; positive, so the sign bit of ``p``'s holds the residual flag and that
+    of ``q``'s the point-mass flag, a deterministic candidate).
 
     Every program derives the same rejection from the same stage totals, so
     each keeps the node's rejections in its own registers and reads no record
@@ -164,7 +166,8 @@ def replay_rejection(replay_tokens, replay_reciprocals, slot, token, use_residua
     """
     here = tl.arange(0, replay_tokens.shape[0]) == slot
     flagged = _float32_bits(p_reciprocal) | (use_residual.to(tl.int64) << _SIGN_SHIFT)
-    reciprocals = tl.sum(flagged | (_float32_bits(q_reciprocal) << _HIGH_SHIFT), axis=0)
+    flagged |= (_float32_bits(q_reciprocal) | (point_mass.to(tl.int64) << _SIGN_SHIFT)) << _HIGH_SHIFT
+    reciprocals = tl.sum(flagged, axis=0)
     return (tl.where(here, tl.sum(token.to(tl.int32), axis=0), replay_tokens),
             tl.where(here, reciprocals, replay_reciprocals))
 
@@ -186,13 +189,13 @@ def _add_words(a_token, a_reciprocals, b_token, b_reciprocals):
 
 @triton.jit
 def replayed_rejection(replay_tokens, replay_reciprocals, slot):
-    """Rejection number ``slot`` of the current node from the replay registers: ``(token, residual flag, p
-    reciprocal, q reciprocal)``, one reduction of the two registers (every other slot adds 0)."""
+    """Rejection number ``slot`` of the current node from the replay registers: ``(token, residual flag,
+    point-mass flag, p reciprocal, q reciprocal)``, one reduction of the two registers (every other slot adds 0)."""
     here = tl.arange(0, replay_tokens.shape[0]) == slot
     token, reciprocals = tl.reduce((tl.where(here, replay_tokens, 0), tl.where(here, replay_reciprocals, 0)), 0,
                                    _add_words)
-    return (token.to(tl.int64), (reciprocals >> _SIGN_SHIFT) & 1, _float32_of(reciprocals),
-            _float32_of(reciprocals >> _HIGH_SHIFT))
+    return (token.to(tl.int64), (reciprocals >> _SIGN_SHIFT) & 1, (reciprocals >> (_HIGH_SHIFT + _SIGN_SHIFT)) & 1,
+            _float32_of(reciprocals), _float32_of(reciprocals >> _HIGH_SHIFT))
 
 
 @triton.jit

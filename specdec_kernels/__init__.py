@@ -23,7 +23,7 @@ from .ops.tree_verify import tree_verify
 from .ops.workspace import reserve_workspace
 from .tree_mask import tree_mask_dense, tree_mask_flashinfer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "TreeInfo",

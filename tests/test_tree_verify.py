@@ -112,8 +112,10 @@ def expected_walk(tree_token_ids, parents, target, draft, num_nodes, temperature
                         node, moved = child, True
                         break
                     continue
-                proposal = torch.zeros_like(p) if q is None else q
-                if q is None:
+                # A candidate not drawn from q (no draft, or q(t) not > 0) is tried against its point mass (v1.3).
+                drawn = q is not None and bool(q[0, token] > 0)
+                proposal = q if drawn else torch.zeros_like(p)
+                if not drawn:
                     proposal[0, token] = 1.0
                 if bool(uniforms[b, child] * proposal[0, token] < p[0, token]):  # float32 product
                     node, moved = child, True
@@ -124,7 +126,7 @@ def expected_walk(tree_token_ids, parents, target, draft, num_nodes, temperature
                 if not bool((_sampling.fixed_point(mass) > 0).any()):  # no mass at the sampler's resolution
                     mass = p
                 p = normalise_twin(mass)
-                if q is not None and draft_sampling == "without_replacement":
+                if drawn and draft_sampling == "without_replacement":
                     q[0, token] = 0.0
                     q = normalise_twin(q)
             if not moved:

@@ -107,6 +107,18 @@ def accept(uniform: torch.Tensor, target_prob: torch.Tensor, draft_prob: torch.T
     return uniform * draft_prob < target_prob
 
 
+def drawn_from_draft(draft_prob: torch.Tensor) -> torch.Tensor:
+    """bool: proposals that can have been drawn from the draft, those whose ``q(t)`` is ``> 0`` (contract v1.3).
+
+    Any other ``q(t)`` (``0``, negative, NaN; an engine's all-zero
+    "target-only" row) marks a deterministic proposal: it is verified against
+    the point mass on ``t``, exactly as with ``draft=None`` there, so it is
+    accepted with probability ``p(t)`` and its rejection leaves ``p`` without
+    ``t``. Every backend applies this one rule.
+    """
+    return draft_prob > 0
+
+
 def acceptance_uniforms(keys: rng.RequestKeys, positions: torch.Tensor) -> torch.Tensor:
     """float32 uniforms of the acceptance stream at ``positions`` (int64, batch first)."""
     words = keys.words(rng.ACCEPT_STREAM, positions, torch.zeros_like(positions))

@@ -24,7 +24,8 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
 
     * position ``i`` accepts ``t_i`` iff it is a valid id and
       ``u_i * q_i(t_i) < p_i(t_i)`` (``u_i`` from the acceptance stream at
-      position ``i``; ``q`` one-hot when ``draft`` is None); greedy requests
+      position ``i``; ``q`` one-hot on ``t_i`` when ``draft`` is None or
+      ``q_i(t_i)`` is not ``> 0``, a deterministic proposal); greedy requests
       accept iff ``t_i`` is the argmax of target row ``i``;
     * ``j`` = the first position not accepted (``n_b`` if all were);
     * the emitted token is drawn at position ``j`` from ``max(0, p_j - q_j)``
@@ -58,8 +59,12 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     target_at_draft = target_probs[:, :max_drafts].gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
     if draft_probs is None:
         draft_at_draft = torch.ones_like(target_at_draft)
+        from_draft = torch.zeros_like(valid)
     else:
         draft_at_draft = draft_probs.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
+        from_draft = _sampling.drawn_from_draft(draft_at_draft)
+        # A deterministic proposal (q(t) not > 0) is tested against the point mass on t: q(t) = 1.
+        draft_at_draft = torch.where(from_draft, draft_at_draft, 1.0)
 
     keys = rng.RequestKeys(seed, offset, batch_size, device)
     uniforms, sample_words = _draws(keys, max_drafts, _sampling.num_chunks(vocab_size), device)
@@ -80,11 +85,12 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     rejected_valid = (stop < num_drafts) & padded_valid[rows, stop]
     if max_drafts == 0:
         draft_row = target_row  # unused: there is nothing to reject
-    elif draft_probs is None:
-        stop_token = safe_ids[rows, stop.clamp_max(max_drafts - 1)]
-        draft_row = torch.nn.functional.one_hot(stop_token, vocab_size).to(torch.float32)
     else:
-        draft_row = _row_at(draft_probs, stop.clamp_max(max_drafts - 1))
+        stop_draft = stop.clamp_max(max_drafts - 1)
+        draft_row = torch.nn.functional.one_hot(safe_ids[rows, stop_draft], vocab_size).to(torch.float32)
+        if draft_probs is not None:
+            draft_row = torch.where(from_draft[rows, stop_draft].view(-1, 1), _row_at(draft_probs, stop_draft),
+                                    draft_row)
     stop_words = [_row_at(words, stop) for words in sample_words]
     emitted = _sampling.sample_from_words(stop_words, _sampling.residual_weights(target_row, draft_row, rejected_valid))
     if temperature is not None:

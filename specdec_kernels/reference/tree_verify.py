@@ -50,15 +50,16 @@ def tree_verify(
 
     * child ``c`` with a valid token ``t`` is accepted iff
       ``u_c * q(t) < p(t)`` (``u_c`` from the acceptance stream at position
-      ``c``; ``q`` one-hot on ``t`` when ``draft`` is None); greedy requests
+      ``c``; ``q`` one-hot on ``t`` when ``draft`` is None or ``q(t)`` is
+      not ``> 0``: a deterministic candidate, v1.3); greedy requests
       (``T_b`` not ``> 0``) accept iff ``t`` is the argmax of the raw target row of
       the current node. On acceptance ``c`` becomes the current node and
       ``p``, ``q`` become its rows;
     * a rejection sets ``p = normalise(max(0, p - q))`` (``normalise(p)``
       where that has no mass) and, for ``"without_replacement"`` with a draft,
       ``q = normalise(q with q(t) = 0)`` (left all-zero when nothing is left:
-      a later child then has ``q(t) = 0`` and is accepted iff ``p(t) > 0``);
-      ``"with_replacement"`` keeps ``q``. With ``draft=None``
+      a later child is then deterministic); ``"with_replacement"`` and a
+      deterministic candidate keep ``q``. With ``draft=None``
       ``draft_sampling`` plays no role: ``p`` loses ``t`` and is renormalised;
     * a child whose token is outside ``[0, V)`` is rejected and changes
       nothing (no proposal), exactly like a node that is not there;
@@ -114,10 +115,15 @@ def tree_verify(
         # current < child always holds, so a parent outside [0, child) never matches.
         tried = (parent_ids[:, child] == current) & (child < node_limit) & valid[:, child]
         token = safe_ids[:, child]
-        if proposal is None or remove_drawn:
-            drawn = torch.nn.functional.one_hot(token, vocab_size).bool()
-        tried_proposal = drawn.to(torch.float32) if proposal is None else proposal
+        point_mass = torch.nn.functional.one_hot(token, vocab_size).bool()
         target_at_token = residual_target.gather(-1, token.view(-1, 1)).squeeze(-1)
+        if proposal is None:
+            from_draft = torch.zeros_like(tried)
+            tried_proposal = point_mass.to(torch.float32)
+        else:
+            # A candidate with q(t) not > 0 is deterministic: tested against the point mass on t (v1.3).
+            from_draft = _sampling.drawn_from_draft(proposal.gather(-1, token.view(-1, 1)).squeeze(-1))
+            tried_proposal = torch.where(from_draft.view(-1, 1), proposal, point_mass.to(torch.float32))
         draft_at_token = tried_proposal.gather(-1, token.view(-1, 1)).squeeze(-1)
         sampled_accept = _sampling.accept(uniforms[:, child], target_at_token, draft_at_token)
         greedy_accept = token == greedy_targets[rows, current]
@@ -131,8 +137,9 @@ def tree_verify(
             residual_target,
         )
         if proposal is not None:
-            if remove_drawn:
-                rejected_proposal = _sampling.normalise(proposal.masked_fill(drawn, 0.0))
+            if remove_drawn:  # a deterministic candidate was not drawn: q stays
+                rejected_proposal = torch.where(
+                    from_draft.view(-1, 1), _sampling.normalise(proposal.masked_fill(point_mass, 0.0)), proposal)
             else:
                 rejected_proposal = proposal
             proposal = torch.where(

@@ -124,8 +124,8 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_probability_span(const Prob* v
 template <class Prob>
 struct SampleRow {
   const Prob* target;
-  const Prob* draft;   // the rejected draft row, or nullptr (one-hot, or nothing to subtract)
-  int64_t stop_token;  // the rejected id when the draft is one-hot, else -1
+  const Prob* draft;   // the rejected token's draft row, or nullptr (a deterministic proposal, or nothing to subtract)
+  int64_t stop_token;  // the rejected id of a deterministic proposal (subtract its point mass), else -1
   uint32_t position;   // the RNG position (chain: `stop`; tree: the current node)
   bool logits;
   float temperature;

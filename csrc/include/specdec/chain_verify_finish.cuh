@@ -58,7 +58,8 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool row_accepts(const Request<Prob, Tok
   const float target_prob = truncated_probability(
       logits ? softmax_prob(target_value, stats, request.temperature) : target_value, truncation);
   // The draft is always probabilities (v1.3).
-  const float draft_prob = request.draft != nullptr ? to_float(request.draft_row(position)[token_id]) : 1.0f;
+  const float draft_prob =
+      request.draft != nullptr ? proposal_probability(to_float(request.draft_row(position)[token_id])) : 1.0f;
   const float uniform = uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(position), 0u).w0);
   return accept(uniform, draft_prob, target_prob);
 }
@@ -378,10 +379,13 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   // residual; otherwise (bonus row, invalid id) from p.
   const int64_t stop_token = stop < num_drafts ? request.token(stop) : -1;
   const bool subtract = stop < num_drafts && request.valid(stop_token);
+  // The residual subtracts the draft row if the token was drawn from it, else the point mass on the token.
+  const bool from_draft =
+      subtract && request.draft != nullptr && drawn_from_draft(to_float(request.draft_row(stop)[stop_token]));
   SampleRow<Prob> row;
   row.target = request.target_row(stop);
-  row.draft = subtract && request.draft != nullptr ? request.draft_row(stop) : nullptr;
-  row.stop_token = subtract && request.draft == nullptr ? stop_token : -1;
+  row.draft = from_draft ? request.draft_row(stop) : nullptr;
+  row.stop_token = subtract && !from_draft ? stop_token : -1;
   row.position = static_cast<uint32_t>(stop);
   row.logits = args.logits;
   row.temperature = request.temperature;

@@ -80,8 +80,9 @@ SPECDEC_HOST_DEVICE int64_t decide_probabilities(const Block& block, const Reque
     const int64_t token_id = request.token(position);
     const bool valid = request.valid(token_id);
     const float target_prob = valid ? to_float(request.target_row(position)[token_id]) : 0.0f;
-    const float draft_prob =
-        request.draft == nullptr ? 1.0f : (valid ? to_float(request.draft_row(position)[token_id]) : 0.0f);
+    const float draft_prob = request.draft == nullptr || !valid
+                                 ? 1.0f
+                                 : proposal_probability(to_float(request.draft_row(position)[token_id]));
     const float uniform =
         uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(position), 0u).w0);
     if (!(valid && accept(uniform, draft_prob, target_prob))) stop = MinInt64()(stop, position);

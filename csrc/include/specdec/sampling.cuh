@@ -350,4 +350,16 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool accept(float uniform, float draft_p
   return fmul_rn(uniform, draft_prob) < target_prob;
 }
 
+// A proposal can have been drawn from the draft iff q(t) > 0 (contract v1.3;
+// reference/_sampling.drawn_from_draft). Any other q(t) (0, negative, NaN: an
+// engine's all-zero "target-only" row) is a deterministic proposal, verified
+// against the point mass on t: accepted with probability p(t), and its
+// rejection leaves p without t.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool drawn_from_draft(float draft_prob) { return draft_prob > 0.0f; }
+
+// The q(t) of the acceptance test: itself if drawn from the draft, else 1.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float proposal_probability(float draft_prob) {
+  return drawn_from_draft(draft_prob) ? draft_prob : 1.0f;
+}
+
 }  // namespace specdec

@@ -14,7 +14,9 @@
 // once per current node, never a serial scan.
 //
 // Acceptance (sampled requests): u * q(t) < p(t) in float32, u from the
-// acceptance stream at position = child, q one-hot without a draft; greedy
+// acceptance stream at position = child, q one-hot on t without a draft or
+// where q(t) is not > 0 (a deterministic candidate, v1.3, whose rejection
+// leaves q as it is); greedy
 // requests (T not > 0) accept t iff it is the argmax of the current node's raw
 // target row. On acceptance p and q become the child's input rows.
 //
@@ -294,6 +296,14 @@ struct Walk {
     return kSplit ? replayed > 0 : pending.token >= 0;
   }
 
+  // The q a rejected candidate was tried against at `index`: the current q
+  // if it was drawn from it, else the point mass on `token` (no draft, or a
+  // deterministic candidate: q(t) not > 0, v1.3).
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float tried_weight(bool point_mass, int64_t token, int64_t index,
+                                                             float q) const {
+    return has_draft && !point_mass ? q : (index == token ? 1.0f : 0.0f);
+  }
+
   // The current p and q at `index` from the base ones (q: anything without a
   // draft): p = float32(W * r_p) with W the fixed-point weight of max(0, p -
   // tried) (of p where that had no mass) and, without replacement, q =
@@ -302,11 +312,11 @@ struct Walk {
   // Past the vocabulary 0 stays 0. Only while a rejection is pending.
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void apply(const Pending& rejection, int64_t index, float& p,
                                                      float& q) const {
-    const float tried = has_draft ? q : (index == rejection.token ? 1.0f : 0.0f);
+    const float tried = tried_weight(rejection.point_mass, rejection.token, index, q);
     // fixed_point_weight maps p - q <= 0 (and NaN) to 0: max(0, p - q).
     p = normalised_weight(fixed_point_weight(rejection.residual ? fsub_rn(p, tried) : p),
                           rejection.target_reciprocal);
-    if (remove_drawn) {
+    if (remove_drawn && !rejection.point_mass) {  // a deterministic candidate was not drawn: q stays
       q = normalised_weight(index == rejection.token ? 0 : fixed_point_weight(q), rejection.draft_reciprocal);
     }
   }
@@ -407,14 +417,16 @@ struct CurrentTargetRow {
 // One pass over entries [lo, hi) of the current rows (lo a multiple of
 // kSpan; hi the vocabulary size or a multiple of a chunk) for the rejection
 // of token `drawn`: the exact totals of the fixed-point weights of
-// max(0, p - q), of p and, without replacement, of q without `drawn`,
+// max(0, p - q) (q the point mass on `drawn` where `point_mass`), of p and,
+// without replacement, of q without `drawn`,
 // block-reduced. `writing` also stores the current rows into the
 // workspace (never in the split plan). Entries past the vocabulary load as
 // 0 and weigh 0.
 template <class Block, class Prob, bool kSplit>
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE PassTotals rejection_pass(const Block& block,
                                                                   const Walk<Prob, kSplit>& walk, int64_t drawn,
-                                                                  int64_t lo, int64_t hi, bool writing) {
+                                                                  bool point_mass, int64_t lo, int64_t hi,
+                                                                  bool writing) {
   const int64_t step = kSpan * static_cast<int64_t>(block.num_threads());
   const int64_t start = lo + kSpan * static_cast<int64_t>(block.thread());
   RejectionTotals totals = {{0, 0}, {0, 0}};
@@ -431,7 +443,9 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE PassTotals rejection_pass(const Block& b
         walk.target.normalised[index] = p[j];
         if (walk.remove_drawn) walk.draft.normalised[index] = q[j];
       }
-      add_weight(totals.residual, fixed_point_weight(fsub_rn(p[j], q[j])));  // max(0, p - q): negatives weigh 0
+      // max(0, p - q): negatives weigh 0
+      const float tried = walk.tried_weight(point_mass, drawn, index, q[j]);
+      add_weight(totals.residual, fixed_point_weight(fsub_rn(p[j], tried)));
       add_weight(totals.target, fixed_point_weight(p[j]));
       if (walk.remove_drawn && index != drawn) add_weight(draft_total, fixed_point_weight(q[j]));
     }
@@ -446,18 +460,18 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE PassTotals rejection_pass(const Block& b
 // pending already (a second one at this node), the pass also writes the
 // current rows into the workspace, which become the base rows.
 template <class Block, class Prob>
-SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t drawn) {
+SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t drawn, bool point_mass) {
   const bool writing = walk.pending.token >= 0;
   // Every thread's gathers of this try read the base rows, maybe the very
   // entries (of the workspace) this pass overwrites.
   if (writing) block.sync();
-  const PassTotals pass = rejection_pass(block, walk, drawn, 0, walk.vocab_size, writing);
+  const PassTotals pass = rejection_pass(block, walk, drawn, point_mass, 0, walk.vocab_size, writing);
   if (writing) {
     block.sync();  // the next read (a gather, a pass, the sample) may read any entry
     walk.target.input = nullptr;
     if (walk.remove_drawn) walk.draft.input = nullptr;
   }
-  walk.pending = rejection_of(drawn, pass);
+  walk.pending = rejection_of(drawn, point_mass, pass);
 }
 
 // Split plan: the rejection of `drawn` as one stage. The block takes slices
@@ -468,16 +482,17 @@ SPECDEC_HOST_DEVICE void reject(const Block& block, Walk<Prob>& walk, int64_t dr
 // replays it from there, reading no record per span. False once the request
 // has failed (a wait gave up): the walk ends there.
 template <class Block, class Prob>
-SPECDEC_HOST_DEVICE bool reject_split(const Block& block, Walk<Prob, true>& walk, int64_t drawn, SplitPlan& plan) {
+SPECDEC_HOST_DEVICE bool reject_split(const Block& block, Walk<Prob, true>& walk, int64_t drawn, bool point_mass,
+                                      SplitPlan& plan) {
   int64_t* record = plan.records + plan.stage * kStageWords;
   const int64_t slice_entries = plan.chunks_per_split * kChunkSize;
   for (int64_t slice = take_slice(block, record); slice < plan.splits; slice = take_slice(block, record)) {
     const int64_t lo = slice * slice_entries;
     const int64_t hi = lo + slice_entries < walk.vocab_size ? lo + slice_entries : walk.vocab_size;
-    publish_totals(block, record, rejection_pass(block, walk, drawn, lo, hi, false));
+    publish_totals(block, record, rejection_pass(block, walk, drawn, point_mass, lo, hi, false));
   }
   const bool complete = wait_for_stage(block, plan, record);
-  const Pending rejection = rejection_of(drawn, stage_totals(block, record));
+  const Pending rejection = rejection_of(drawn, point_mass, stage_totals(block, record));
   // The slot's last readers (a replay at an earlier node) passed the barriers of this pass.
   if (block.thread() == 0) walk.replay[walk.replayed] = rejection;
   block.sync();  // every thread replays it
@@ -628,13 +643,15 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
       float target_prob, draft_prob;
       walk.at(token, token, target_prob, draft_prob);
       const float uniform = uniform_from_word(random_words(key, kAcceptStream, static_cast<uint32_t>(child), 0u).w0);
-      accepted = accept(uniform, draft_prob, target_prob);
+      // A candidate with q(t) not > 0 was not drawn from q: tested against the point mass on t (v1.3).
+      const bool point_mass = !drawn_from_draft(draft_prob);
+      accepted = accept(uniform, proposal_probability(draft_prob), target_prob);
       if (!accepted) {
         if constexpr (kSplit) {
-          failed = !reject_split(block, walk, token, plan);
+          failed = !reject_split(block, walk, token, point_mass, plan);
           if (failed) break;
         } else {
-          reject(block, walk, token);
+          reject(block, walk, token, point_mass);
         }
       }
     }

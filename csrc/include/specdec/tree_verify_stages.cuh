@@ -51,11 +51,12 @@ namespace tree_verify_detail {
 struct Pending {
   int64_t token;            // the rejected token; -1: none
   bool residual;            // max(0, p - q) had mass (else p is renormalised as it is)
+  bool point_mass;          // a deterministic candidate (q(t) not > 0, v1.3): q is one-hot on `token` and stays
   float target_reciprocal;  // of the total of p's new weights
   float draft_reciprocal;   // of the total of q's weights without `token` (without replacement)
 };
 
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending no_pending() { return {-1, false, 1.0f, 1.0f}; }
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending no_pending() { return {-1, false, false, 1.0f, 1.0f}; }
 
 struct RejectionTotals {
   SplitTotal residual, target;
@@ -73,10 +74,10 @@ struct PassTotals {
 };
 
 // The rejection of `drawn` made from its totals, as the walk applies it.
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending rejection_of(int64_t drawn, const PassTotals& pass) {
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Pending rejection_of(int64_t drawn, bool point_mass, const PassTotals& pass) {
   const bool use_residual = has_mass(pass.totals.residual);
-  return {drawn, use_residual, total_reciprocal(use_residual ? pass.totals.residual : pass.totals.target),
-          total_reciprocal(pass.draft)};
+  return {drawn, use_residual, point_mass,
+          total_reciprocal(use_residual ? pass.totals.residual : pass.totals.target), total_reciprocal(pass.draft)};
 }
 
 // Split plan: a request's blocks and their place in its stage records.
