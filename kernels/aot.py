@@ -383,7 +383,9 @@ def tree_verify_variants():
                   "stride_draft_b": tree_size * vocab if draft else 0, "stride_draft_n": vocab if draft else 0,
                   "stride_accepted_b": tree_size, "stride_output_b": tree_size}
         attrs = _jit_divisibility(signature, values, _tree_verify_kernel)
-        options = {**launch_options(config, sampling), "enable_fp_fusion": False}
+        def options(capability, config=config, sampling=sampling, logits_with_draft=logits and draft):
+            return {**launch_options(config, sampling, logits_with_draft, capability), "enable_fp_fusion": False}
+
         variants.append((name, _tree_verify_kernel, signature, constexprs, options, attrs))
     return variants
 

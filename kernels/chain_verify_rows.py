@@ -68,11 +68,14 @@ def sample_slice(
     slot = requests.to(tl.int64) * num_chunks
     # The residual subtracts the draft row where the stop token was drawn from it, else the point mass on the
     # token (no draft, or q(t) not > 0: a deterministic proposal, v1.3).
-    point_mass = subtract[:, None]
+    # One int a row, -1 where nothing is: a mask and the token kept across the loop spilled under Triton 3.6.
+    point_token = tl.where(subtract, stop_token, -1).to(tl.int32)
     if HAS_DRAFT:
         draft_at_token = tl.load(draft_row + stop_token, mask=subtract, other=0.0).to(tl.float32)
         from_draft = (subtract & drawn_from_draft(draft_at_token))[:, None]
-        point_mass = point_mass & ~from_draft
+        point_token = tl.where(from_draft, -1, point_token[:, None])
+    else:
+        point_token = point_token[:, None]
     draft_row = draft_row[:, None]
     # Not with TRUNCATE: its kernels sit at the register cap, and the stages' buffers' addresses spill them.
     for chunk in tl.range(chunk_lo, chunk_hi, num_stages=1 if TRUNCATE else LOAD_STAGES):
@@ -87,7 +90,7 @@ def sample_slice(
             q = tl.load(draft_row + index, mask=mask & from_draft, other=0.0).to(tl.float32)
         else:
             q = tl.zeros((1, BLOCK_V), tl.float32)
-        q = tl.where(point_mass & (index == stop_token[:, None]), 1.0, q)
+        q = tl.where(index == point_token, 1.0, q)
         # fixed_point maps the negatives and NaNs of p - q to 0: max(0, p - q) in one step.
         total, offset = chunk_pick(fixed_point(p - q), chunk_draw(k0, k1, c2, c3, stop, chunk))
         tl.store(chunk_total_ptr + slot + chunk, total, mask=sampled)

@@ -85,6 +85,9 @@ from .tree_verify_stages import (FAILED_WORD, STAGE_WORDS, end_record, end_reque
                                  take_slice, wait_for_stage)
 from .truncation import row_truncation, truncated_probability, truncation_parameters
 
+RESIDUAL_HAD_MASS = tl.constexpr(1)  # pending_kind's flags
+POINT_MASS = tl.constexpr(2)
+
 @triton.jit
 def _next_child(parents_ptr, ids_ptr, requests, active, node, last, limit, vocab_size,
                 stride_parents_b, stride_parents_n, stride_ids_b, stride_ids_n, BLOCK_N: tl.constexpr):
@@ -431,8 +434,9 @@ def _tree_verify_kernel(
     scratch_node = node - 1  # the node whose current rows the scratch rows hold (the base rows there)
     pending_node = node - 1  # the node with a rejection not yet applied to its base rows
     pending_token = tl.zeros((ROWS,), tl.int64)
-    pending_residual = node  # 1: the pending rejection's residual had mass, 0: it falls back to p
-    pending_point_mass = node  # 1: the pending rejection's candidate was deterministic (q(t) not > 0, v1.3)
+    # The pending rejection's kind, two flags in one register (a register more spilled under Triton 3.6):
+    # RESIDUAL_HAD_MASS (else p is renormalised as it is) and POINT_MASS (a deterministic candidate, v1.3).
+    pending_kind = node
     p_reciprocal = tl.zeros((ROWS,), tl.float64)
     q_reciprocal = p_reciprocal
     p_max = tl.zeros((ROWS,), tl.float32)
@@ -494,7 +498,8 @@ def _tree_verify_kernel(
         gather = trying & sampled
         target_at, draft_at = _current_rows(
             target_row, draft_row, p_scratch, q_scratch, token, gather, gather, from_scratch, p_max, p_inverse_norm,
-            inverse_temperature, pending, pending_token, pending_residual, pending_point_mass, p_reciprocal,
+            inverse_temperature, pending, pending_token, pending_kind & RESIDUAL_HAD_MASS, pending_kind & POINT_MASS,
+            p_reciprocal,
             q_reciprocal, token, truncation_threshold, truncation_reciprocal, truncating, replay_tokens, replay_reciprocals, replayed,
             LOGITS, HAS_DRAFT, REMOVE_DRAWN, TRUNCATE, SPLIT)
         point_mass = node * 0 + 1  # without a draft every candidate is deterministic
@@ -515,7 +520,8 @@ def _tree_verify_kernel(
                 target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], rejecting[:, None],
                 writing[:, None], from_scratch[:, None], p_max[:, None], p_inverse_norm[:, None],
                 inverse_temperature[:, None], pending[:, None], pending_token[:, None],
-                pending_residual[:, None], pending_point_mass[:, None], p_reciprocal[:, None], q_reciprocal[:, None],
+                (pending_kind & RESIDUAL_HAD_MASS)[:, None], (pending_kind & POINT_MASS)[:, None],
+                p_reciprocal[:, None], q_reciprocal[:, None],
                 token[:, None], point_mass[:, None], truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
                 replay_tokens, replay_reciprocals, replayed)
             if SPLIT:
@@ -539,15 +545,16 @@ def _tree_verify_kernel(
             scratch_node = tl.where(writing, node, scratch_node)
             pending_node = tl.where(rejecting, node, pending_node)
             pending_token = tl.where(rejecting, token, pending_token)
-            pending_residual = tl.where(rejecting, use_residual.to(tl.int32), pending_residual)
-            pending_point_mass = tl.where(rejecting, point_mass, pending_point_mass)
+            pending_kind = tl.where(rejecting, tl.where(use_residual, RESIDUAL_HAD_MASS, 0) + point_mass * POINT_MASS,
+                                    pending_kind)
             p_reciprocal = tl.where(rejecting, normaliser_reciprocal(tl.where(use_residual, residual_high, target_high),
                                                            tl.where(use_residual, residual_low, target_low)),
                                     p_reciprocal)
             q_reciprocal = tl.where(rejecting, normaliser_reciprocal(drawn_high, drawn_low), q_reciprocal)
             if SPLIT:
                 replay_tokens, replay_reciprocals = replay_rejection(
-                    replay_tokens, replay_reciprocals, replayed, pending_token, pending_residual, pending_point_mass,
+                    replay_tokens, replay_reciprocals, replayed, pending_token, pending_kind & RESIDUAL_HAD_MASS,
+                    (pending_kind & POINT_MASS) != 0,
                     p_reciprocal, q_reciprocal)
                 replayed += 1
                 stage += 1
@@ -578,7 +585,8 @@ def _tree_verify_kernel(
             target_row[:, None], draft_row[:, None], p_scratch[:, None], q_scratch[:, None], sampled,
             (scratch_node == node)[:, None], p_max[:, None], p_inverse_norm[:, None],
             inverse_temperature[:, None], (pending_node == node).to(tl.int32)[:, None],
-            pending_token[:, None], pending_residual[:, None], pending_point_mass[:, None], p_reciprocal[:, None],
+            pending_token[:, None], (pending_kind & RESIDUAL_HAD_MASS)[:, None], (pending_kind & POINT_MASS)[:, None],
+            p_reciprocal[:, None],
             q_reciprocal[:, None], truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None],
             replay_tokens, replay_reciprocals, replayed, chunk_total_ptr, chunk_pick_ptr, slot, k0, k1, c2, c3, node)
         if SPLIT:

@@ -60,6 +60,8 @@ def test_launch_options_by_triton_version(monkeypatch):
         assert tree.launch_options(small, False) == {"num_warps": 4 if older else 8, "maxnreg": 128}
         assert tree.launch_options(split, True) == {"num_warps": 8, "maxnreg": 168 if older else 128}
         assert tree.launch_options(split, False) == {"num_warps": 8, "maxnreg": 128}
+        assert tree.launch_options(split, False, True, 80) == {"num_warps": 8, "maxnreg": 168 if older else 128}
+        assert tree.launch_options(split, False, True, 90) == {"num_warps": 8, "maxnreg": 128}
         # Triton 3.6 cannot lower a one-chunk sampler tile at V = 1000 (integer sums: no result changes).
         assert tree.launch_config(256, 8, 1000, multiprocessors=132).chunk_tile == (2 if older else 1)
         assert tree.launch_config(256, 8, 1000, interpreter=True).chunk_tile == 1

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _faults, _workspace
-from ._shapes import cdiv, multiprocessor_count, next_power_of_2, older_triton, unit_last_stride
+from ._shapes import cdiv, device_capability, multiprocessor_count, next_power_of_2, older_triton, unit_last_stride
 from .chain_verify import CHUNK_SIZE, search_block, split_words
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
@@ -124,17 +124,25 @@ def launch_config(batch_size: int, tree_size: int, vocab_size: int, interpreter:
 # assertion) at vocabulary tiles of 512 and 1024 elements with one chunk (256 < V <= 1024): tiles of two
 # chunks compile. The chunk sums and counts are integers over masked tiles (kernels/sampling.py), so the
 # chunk tile changes no result.
+# On sm_80 Triton 3.6 also spilled 8 bytes at 128 registers in launches of logits with a draft once a
+# candidate could be deterministic (the point-mass flag of contract v1.3: B = 64, N = 32, V = 32000 split and
+# B = 256, N = 8, V = 1000); none at the cap below, and none on sm_90a at 128.
 OLDER_TRITON_MIN_CHUNK_TILE = 2
 OLDER_TRITON_SPLIT_TRUNCATION_REGISTERS = 168
+OLDER_TRITON_SM80_LOGITS_DRAFT_REGISTERS = 168
 OLDER_TRITON_MIN_WARPS = 2
 
 
-def launch_options(config: LaunchConfig, truncate: bool) -> dict:
-    """The GPU launch's ``num_warps`` and ``maxnreg`` for ``config`` under the installed Triton."""
+def launch_options(config: LaunchConfig, truncate: bool, logits_with_draft: bool = False,
+                   capability: int = 90) -> dict:
+    """The GPU launch's ``num_warps`` and ``maxnreg`` for ``config`` under the installed Triton, on a GPU of
+    compute ``capability`` (``80``: sm_80)."""
     warps, registers = NUM_WARPS, MAX_REGISTERS
     if older_triton():
         if config.num_splits > 1 and truncate:
             registers = OLDER_TRITON_SPLIT_TRUNCATION_REGISTERS
+        elif logits_with_draft and capability < 90:
+            registers = OLDER_TRITON_SM80_LOGITS_DRAFT_REGISTERS
         widest_tile = max(config.rows * config.block_v, config.block_n)
         warps = max(OLDER_TRITON_MIN_WARPS, min(NUM_WARPS, widest_tile // 32))
     return {"num_warps": warps, "maxnreg": registers}
@@ -228,7 +236,8 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             HAS_BONUS=bonus_token_ids is not None, SPLIT=config.num_splits > 1, SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_N=config.block_n, BLOCK_V=config.block_v, CHUNK_TILE=config.chunk_tile,
             REPLAY_SLOTS=config.replay_slots, enable_fp_fusion=False,
-            **(launch_options(config, truncate) if device.type == "cuda" else {"num_warps": NUM_WARPS}),
+            **(launch_options(config, truncate, logits and draft is not None, device_capability(device))
+               if device.type == "cuda" else {"num_warps": NUM_WARPS}),
         )
     return accepted_nodes, output, num_accepted
 
