@@ -27,9 +27,10 @@
 #   tree_split_busy_gpu     40 s  first and alone: the split plan under a busy GPU and in a graph; 2 Triton
 #                                 compiles (5-9 s each), CUDA init, 4 reference calls: about 25 s
 #   graph_replay            55 s  alone, so that its us/call is undisturbed: 4 Triton compiles, 200-call graphs
-#   hazards                 90 s  the other ten checks at once, each in its own process under this limit (the
-#                                 slowest: torch.compile at 4 batch sizes, about 60 s, and the fuzz, time-boxed
-#                                 at 25 s a backend); meanwhile the benchmark's Triton kernels compile into
+#   hazards                 90 s  the other eleven checks at once, each in its own process under this limit (the
+#                                 slowest: torch.compile at 4 batch sizes, about 60 s, the fuzz, time-boxed
+#                                 at 25 s a backend, and the example's decoding loop, skipped without
+#                                 transformers); meanwhile the benchmark's Triton kernels compile into
 #                                 Triton's cache (bench --compile-only, in the background until the end of the
 #                                 tests at the latest), so that the bench stage times instead of compiling
 #   tests                  130 s  pytest -m gpu on 12 workers: about 85 Triton specialisations at 5-9 s are
@@ -175,7 +176,8 @@ limited $(( limit[hazards] + limit[tests] )) "$scratch/warm-up.log" "$python" -m
     --targets --op chain_verify --op tree_verify --op build_tree --op tree_attention "${bench_options[@]}" &
 warm_up=$!
 parallel_checks=(two_streams logits_busy_gpu stride_overflow small_vocabularies grow_after_capture
-                 graphs_out_of_order throughput compile_reduce_overhead fuzz forced_give_up)
+                 graphs_out_of_order throughput compile_reduce_overhead fuzz forced_give_up
+                 paged_decoding)
 check_pids=()
 for check in "${parallel_checks[@]}"; do
     while [ "$(jobs -pr | wc -l)" -ge "$lanes" ]; do wait -n; done  # the warm-up holds a lane too
@@ -221,7 +223,7 @@ record $bench_status
 {
     echo "== gpu_check$([ "$dry_run" -eq 1 ] && echo ' --dry-run') summary ($SECONDS s; files in $out)"
     printf '%s\n' "${summary[@]}"
-    grep -hE '^(PASS|FAIL) ' "$out/hazards.log"
+    grep -hE '^(PASS|FAIL|SKIP) ' "$out/hazards.log"
     grep -E '^(FAILED|ERROR) ' "$out/tests.log" | head -n 15
     if [ -f "$out/results/results.json" ]; then
         "$python" - "$out/results/results.json" <<'EOF'

@@ -53,7 +53,7 @@ ls "$work/dist"
 sdist="$(ls "$work"/dist/specdec_kernels-*.tar.gz)"
 sdist_members="$(tar tzf "$sdist")"
 for member in csrc/bindings/module.cpp csrc/include/specdec/sampling.cuh kernels/chain_verify.py bench/harness.py \
-              tests/test_hf_example.py examples/hf_speculative.py LICENSE; do
+              tests/test_paged_example.py examples/paged_speculative.py LICENSE; do
     grep -q "/$member\$" <<<"$sdist_members" || fail "sdist lacks $member"
 done
 

@@ -56,7 +56,7 @@ def test_sdist_carries_every_source(sdist_and_wheel):
     wanted = _relative([*REPO_ROOT.glob("csrc/*.cu"), *REPO_ROOT.glob("csrc/bindings/*"),
                         *REPO_ROOT.glob("csrc/include/specdec/*.cuh"), *REPO_ROOT.glob("kernels/*.py"),
                         *REPO_ROOT.glob("bench/*.py"), *REPO_ROOT.glob("specdec_kernels/**/*.py"),
-                        # the tests, and what they run (tests/test_hf_example.py runs examples/)
+                        # the tests, and what they run (tests/test_paged_example.py runs examples/)
                         *REPO_ROOT.glob("tests/*.py"), *REPO_ROOT.glob("examples/*.py")], REPO_ROOT)
     assert len(wanted) > 40
     assert not wanted - names, sorted(wanted - names)
