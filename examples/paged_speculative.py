@@ -290,11 +290,12 @@ class PagedSpeculativeDecoder:
             raise ValueError(f"tree_children must be one of {TREE_CHILDREN}; got {tree_children!r}")
         self.target, self.draft = target, draft
         self.mode, self.temperature, self.backend, self.seed = mode, temperature, backend, seed
-        self.num_draft_tokens, self.branching, self.depth = num_draft_tokens, branching, depth
+        # Plain decoding is the one-node tree: depth 0, no draft forward.
+        self.num_draft_tokens, self.branching = num_draft_tokens, branching
+        self.depth = depth if mode == "tree" else 0
         self.sampled = tree_children == "sampled" and temperature > 0
         self.device = target.device
-        self.parents = torch.tensor(tree_parents(branching, depth if mode == "tree" else 0), dtype=torch.int32,
-                                    device=self.device)
+        self.parents = torch.tensor(tree_parents(branching, self.depth), dtype=torch.int32, device=self.device)
         self.draft_generator = torch.Generator(self.device).manual_seed(seed)
         self.stats = Stats()
 
@@ -358,7 +359,7 @@ class PagedSpeculativeDecoder:
         """
         batch_size = roots.shape[0]
         nodes, rows, level_start = roots, [], 0
-        for _ in range(self.depth if self.mode == "tree" else 0):
+        for _ in range(self.depth):
             level_end = nodes.shape[1]
             logits = forward_tree(self.draft, self.cache, tables, prefix_lens, nodes,
                                   self.parents[:level_end].expand(batch_size, -1), backend=self.backend)
@@ -386,7 +387,7 @@ class PagedSpeculativeDecoder:
             nodes, parents, verifier_rows(logits, self.temperature), draft_probs, temperature=self.temperature,
             logits=self.temperature == 0, draft_sampling="without_replacement", seed=self.seed,
             offset=self.stats.steps, backend=self.backend)
-        if nodes.shape[1] > 1:  # a one-node tree (plain decoding) has nothing to move
+        if self.depth > 0:  # a one-node tree (plain decoding) has nothing to move
             for layer in range(self.cache.keys.shape[0]):
                 sk.compact_kv(self.cache.keys[layer], self.cache.values[layer], tables, prefix_lens,
                               accepted_nodes, backend=self.backend)
