@@ -25,7 +25,9 @@ source "$venv/bin/activate"
 # requirement could resolve to a multi-GB CUDA build. triton is pinned so the
 # ahead-of-time compile report is reproducible.
 python -m pip install -q torch==2.13.0
-python -m pip install -q setuptools wheel triton==3.9.0 numpy scipy pytest pytest-xdist==3.8.0 ninja matplotlib tqdm
+# pytest-timeout: every test has a time limit (pyproject.toml), so a hang fails one test and prints where it stopped.
+python -m pip install -q setuptools wheel triton==3.9.0 numpy scipy pytest pytest-xdist==3.8.0 pytest-timeout==2.4.0 \
+    ninja matplotlib tqdm
 # transformers: examples/paged_speculative.py and its test (tests/test_paged_example.py).
 python -m pip install -q transformers==5.24.0
 python -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__)"

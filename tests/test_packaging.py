@@ -22,6 +22,10 @@ import pytest
 import specdec_kernels
 from specdec_kernels import _cuda_build, _jit
 
+# Longer than the suite's 300 s a test (pyproject.toml): builds an sdist and a wheel (up to 300 s) and runs
+# subprocesses of up to 300 s.
+pytestmark = pytest.mark.timeout(900)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -11,6 +11,10 @@ import sys
 
 import pytest
 
+# Longer than the suite's 300 s a test (pyproject.toml): compiles every Triton kernel for sm_90a and sm_80 in a
+# subprocess of up to 600 s.
+pytestmark = pytest.mark.timeout(900)
+
 
 def test_kernels_compile_for_gpus_without_spills():
     pytest.importorskip("triton")
