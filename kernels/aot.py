@@ -202,7 +202,7 @@ def chain_verify_variants():
             "output_ptr": "*i32", "num_accepted_ptr": "*i32",
             "chunk_total_ptr": "*i64", "chunk_pick_ptr": "*i32", "stat_max_ptr": "*fp32", "stat_arg_ptr": "*i32",
             "stat_sum_ptr": "*fp32",
-            "tickets_ptr": "*i32", "wave1_arrivals_ptr": "*i32", "arrivals_ptr": "*i32",
+            "tickets_ptr": "*i64", "wave1_arrivals_ptr": "*i32", "arrivals_ptr": "*i32",
             "failed_ptr": "*i32", "stages_ptr": "*i64", "errors_ptr": "*i32", "fault_role": "i32",
             "batch_size": "i32", "max_drafts": "i32", "num_tokens": "i32", "vocab_size": "i32", "num_chunks": "i32",
             "num_splits": "i32", "chunks_per_split": "i32",
@@ -338,6 +338,17 @@ def flashinfer_counters_variants():
                f"{' accumulate' if accumulate else ''}"
         variants.append((name, _flashinfer_counters_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
     return variants
+
+
+def fault_counters_variants():
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the kernel that takes the fault counters."""
+    from specdec_kernels._faults import _COUNTER_BLOCK, KINDS
+
+    from .faults import _take_counters_kernel
+
+    signature = {"counters_ptr": "*i32", "taken_ptr": "*i32", "num_kinds": "i32", "BLOCK": "constexpr"}
+    attrs = _jit_divisibility(signature, {"num_kinds": len(KINDS)}, _take_counters_kernel)
+    return [("take_counters", _take_counters_kernel, signature, {"BLOCK": _COUNTER_BLOCK}, {"num_warps": 1}, attrs)]
 
 
 def tree_verify_variants():
@@ -502,7 +513,8 @@ def all_variants():
     """Every compiled variant of every Triton kernel (``options``: a dict, or a function of the target's
     capability)."""
     return (chain_verify_variants() + tree_verify_variants() + build_tree_variants() + compact_kv_variants()
-            + tree_attention_variants() + eagle_layout_variants() + flashinfer_counters_variants())
+            + tree_attention_variants() + eagle_layout_variants() + flashinfer_counters_variants()
+            + fault_counters_variants())
 
 
 def _ptxas_path(capability: int) -> str:

@@ -93,7 +93,8 @@ Offsets that multiply a stride are 64-bit (``row_at``).
 import triton
 import triton.language as tl
 
-from .chain_verify_finish import count_give_ups, greedy_decisions, sampled_tokens, wait_for, write_outputs
+from .chain_verify_finish import (arrive, count_give_ups, greedy_decisions, sampled_tokens, wait_for,
+                                  write_outputs)
 from .chain_verify_rows import (inverse_norm, proposal_probability, request_temperatures, row_at, row_statistics,
                                 sample_slice, scan_statistics)
 from .chain_verify_stages import clear_request_records, request_records, staged_statistics, staged_thresholds
@@ -101,6 +102,9 @@ from .faults import CHAIN_WAIT_GAVE_UP
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 from .sampling import row_probabilities, softmax_weight
 from .truncation import row_truncation, truncated_probability, truncation_parameters
+
+
+_SWEEP_BLOCK = tl.constexpr(128)  # row blocks the two-wave plan's last program zeroes a step
 
 
 @triton.jit
@@ -310,8 +314,14 @@ def _chain_verify_kernel(
     by one program or shared by the request's programs (``kernels/chain_verify_stages.py``)."""
     if STAGED:
         tl.static_assert(ROWS == 1, "the staged plan holds one request per program")
+    ticket_damaged = False
     if LOGITS and not (WALK or STAGED):
-        role = tl.atomic_add(tickets_ptr, 1, sem="relaxed")
+        # Modulo the grid, every role is taken once whatever the word held; a ticket outside it is damage.
+        ticket = tl.atomic_add(tickets_ptr, 1, sem="relaxed")
+        role = ticket % tl.num_programs(0)  # int64 tickets: contiguous unless a damaged count is within the
+        role = tl.where(role < 0, role + tl.num_programs(0), role)  # grid of 2**63
+        ticket_damaged = ticket != role
+        role = role.to(tl.int32)
     else:
         role = tl.program_id(0)  # nobody waits: any order is fine
     num_row_blocks = tl.cdiv(batch_size, ROWS)
@@ -320,6 +330,8 @@ def _chain_verify_kernel(
     row_block = (role % programs_per_wave) // num_splits
     split = role % num_splits
     failed_ptr += row_block  # the row block's: a wait of any of its programs that gave up fails all its requests
+    if ticket_damaged:
+        tl.atomic_add(failed_ptr, 1, sem="relaxed")
     give_up = role == fault_role
     chunk_lo = split * chunks_per_split
     chunk_hi = tl.minimum(chunk_lo + chunks_per_split, num_chunks)
@@ -456,16 +468,13 @@ def _chain_verify_kernel(
             # The last program of the row block chooses and writes the outputs;
             # it puts the block's counters back to zero for the next call.
             tl.debug_barrier()
-            arrived = tl.atomic_add(arrivals_ptr + row_block, 1, sem="acq_rel")
-            if arrived == num_splits - 1:
+            if arrive(arrivals_ptr + row_block, num_splits, failed_ptr):
                 tl.debug_barrier()
                 tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
                 # Every wait of the row block is over: a give-up fails its requests.
                 failed = count_give_ups(failed_ptr, errors_ptr + CHAIN_WAIT_GAVE_UP)
                 if STAGED:
                     clear_request_records(records, truncating, k_on, p_on, LOGITS, BLOCK_K1)
-                elif LOGITS:
-                    tl.atomic_add(wave1_arrivals_ptr + row_block, -num_splits, sem="relaxed")
                 greedy_stop, greedy_token = greedy_decisions(
                     stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, valid, in_chain, num_drafts,
                     num_splits, max_drafts, LOGITS, ROWS, BLOCK_K1, SPLIT_TILE)
@@ -482,8 +491,18 @@ def _chain_verify_kernel(
                               token, token_ids, max_drafts, stride_output_b, BLOCK_K1)
 
         if LOGITS and not STAGED:
-            # The last program to end returns the tickets (all were taken by then).
+            # The last program to end returns the tickets (all were taken by then), whatever they held. The row
+            # blocks' outcomes are written by now: a damaged end count is counted as a fault directly.
             num_programs = tl.num_programs(0)
-            if tl.atomic_add(tickets_ptr + 1, 1, sem="relaxed") == num_programs - 1:
-                tl.atomic_add(tickets_ptr, -num_programs, sem="relaxed")
+            if arrive(tickets_ptr + 1, num_programs, errors_ptr + CHAIN_WAIT_GAVE_UP):
+                tl.atomic_xchg(tickets_ptr, 0, sem="relaxed")
                 tl.atomic_add(tickets_ptr + 1, -num_programs, sem="relaxed")
+                # Every program has ended: the row blocks' counters and flags go back to zero here, whatever
+                # they held (damaged tickets can give a wave 1 role to a program that arrives after its row
+                # block's outputs were written).
+                for start in range(0, num_row_blocks, _SWEEP_BLOCK):
+                    row_blocks = start + tl.arange(0, _SWEEP_BLOCK)
+                    swept = row_blocks < num_row_blocks
+                    tl.store(wave1_arrivals_ptr + row_blocks, tl.zeros((_SWEEP_BLOCK,), tl.int32), mask=swept)
+                    tl.store(arrivals_ptr + row_blocks, tl.zeros((_SWEEP_BLOCK,), tl.int32), mask=swept)
+                    tl.store(failed_ptr - row_block + row_blocks, tl.zeros((_SWEEP_BLOCK,), tl.int32), mask=swept)

@@ -8,6 +8,8 @@ per step, one step unless the row has more), so the finishing program makes
 a few dependent round trips to L2, not one per slice.
 """
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -15,15 +17,19 @@ from .chain_verify_rows import sample_slice
 from .sampling import choice_draw, choose_chunk, chunk_sums
 
 # Polls before a wait gives up (each is an L2 round trip, ~1 us: seconds in
-# all, far beyond any wait on a program that is running).
-SPIN_LIMIT = tl.constexpr(1 << 22)
+# all, far beyond any wait on a program that is running). The interpreter
+# runs programs one after another, so a wait not over at its first look
+# never will be: it gives up at once there (as the CUDA host path's does)
+# instead of spinning for minutes of numpy.
+SPIN_LIMIT = tl.constexpr(0 if os.environ.get("TRITON_INTERPRET") == "1" else 1 << 22)
 
 
 @triton.jit
 def wait_for(counter_ptr, expected, failed_ptr, give_up):
     """Wait (acquire) until ``*counter_ptr >= expected``, or until the request has failed (``*failed_ptr != 0``).
 
-    A wait that reaches ``SPIN_LIMIT`` polls, or is told to ``give_up`` (the
+    A wait that reaches ``SPIN_LIMIT`` polls, sees a count no launch makes
+    (negative, or past ``expected``), or is told to ``give_up`` (the
     tests' forced fault, ``specdec_kernels/_faults.py``), gives up: it adds
     one to ``*failed_ptr``, the request's failure flag, which the request's
     last program reads, counts into the device's fault counters and clears,
@@ -35,11 +41,12 @@ def wait_for(counter_ptr, expected, failed_ptr, give_up):
     seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
     failed = tl.atomic_add(failed_ptr, 0, sem="relaxed")
     polls = 0
-    while (seen < expected) & (failed == 0) & (polls < SPIN_LIMIT) & (give_up == 0):
+    while (seen >= 0) & (seen < expected) & (failed == 0) & (polls < SPIN_LIMIT) & (give_up == 0):
         seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
         failed = tl.atomic_add(failed_ptr, 0, sem="relaxed")
         polls += 1
-    gave_up = (failed == 0) & ((seen < expected) | (give_up != 0))
+    # A count below 0 or past `expected` was never made by a launch (damaged words): given up at once.
+    gave_up = (failed == 0) & ((seen != expected) | (give_up != 0))
     if gave_up:
         tl.atomic_add(failed_ptr, 1, sem="relaxed")
     tl.debug_barrier()
@@ -47,12 +54,28 @@ def wait_for(counter_ptr, expected, failed_ptr, give_up):
 
 
 @triton.jit
+def arrive(counter_ptr, expected, fault_ptr):
+    """Count this program in at ``*counter_ptr`` (acquire-release); returns whether it is the last of
+    ``expected``. A count no launch makes (negative, or ``expected`` or more: damaged words) is a fault: the
+    program adds one at ``fault_ptr`` (the request's failure flag, so that its last program writes the failure
+    outcome and counts the fault; or a word of the fault counters) and takes the damage back out (subtracts
+    what it saw, so the programs after it count from one)."""
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+    if (arrived < 0) | (arrived >= expected):
+        tl.atomic_add(fault_ptr, 1, sem="relaxed")
+        tl.atomic_add(counter_ptr, -arrived, sem="relaxed")
+        arrived = 0
+    return arrived == expected - 1
+
+
+@triton.jit
 def count_give_ups(failed_ptr, errors_ptr):
     """The last program of a request (or row block), after every wait: clears its failure flag, counts the
-    waits that gave up into the device's fault counters, and returns whether any did."""
+    request (row block) as one fault in the device's fault counters if any of its waits gave up, and returns
+    whether one did."""
     gave_up = tl.atomic_xchg(failed_ptr, 0, sem="relaxed")
-    if gave_up != 0:
-        tl.atomic_add(errors_ptr, gave_up.to(tl.int32), sem="relaxed")
+    if gave_up != 0:  # one fault a failed request (or row block): the flag may hold any value when damaged
+        tl.atomic_add(errors_ptr, 1, sem="relaxed")
     return gave_up != 0
 
 

@@ -46,7 +46,7 @@ partial totals and may walk elsewhere, using more stages or fewer.
 import triton
 import triton.language as tl
 
-from .chain_verify_finish import count_give_ups, wait_for
+from .chain_verify_finish import arrive, count_give_ups, wait_for
 
 STAGE_WORDS = tl.constexpr(16)
 TAKEN_WORD = tl.constexpr(0)
@@ -60,12 +60,16 @@ _MAGNITUDE_MASK = tl.constexpr((1 << 31) - 1)
 ENDED_WORD = tl.constexpr(0)  # end record: programs counted out,
 STAGES_USED_WORD = tl.constexpr(1)  # the most stages a program used,
 FAILED_WORD = tl.constexpr(2)  # nonzero once a wait of the request gave up
+_NOTHING_LEFT = tl.constexpr(1 << 62)  # what take_slice returns for a damaged count: past any ``splits``
 
 
 @triton.jit
 def take_slice(record):
-    """The next untaken slice of the stage (``>= splits`` once all are taken)."""
-    return tl.atomic_add(record + TAKEN_WORD, 1, sem="relaxed")
+    """The next untaken slice of the stage (``>= splits`` once all are taken). A negative count was never made by
+    a launch (damaged words): it takes nothing, so no slice index leaves ``[0, splits)``; the stage's wait then
+    ends the request with the failure outcome, or finds the slices published by the programs that took them."""
+    taken = tl.atomic_add(record + TAKEN_WORD, 1, sem="relaxed")
+    return tl.where(taken < 0, _NOTHING_LEFT, taken)
 
 
 @triton.jit
@@ -207,8 +211,9 @@ def end_request(history, stages, tree_size, splits, errors_ptr):
     tl.atomic_max(end + STAGES_USED_WORD, stages.to(tl.int64), sem="relaxed")
     tl.debug_barrier()  # every read of the records done before the arrival
     failed = tl.program_id(0) < 0
-    if tl.atomic_add(end + ENDED_WORD, 1, sem="acq_rel") == splits - 1:
-        used = tl.atomic_xchg(end + STAGES_USED_WORD, 0, sem="relaxed")
+    if arrive(end + ENDED_WORD, splits, end + FAILED_WORD):
+        # At most the request's tree_size + 1 stage records, whatever the word held when the call started.
+        used = tl.minimum(tl.atomic_xchg(end + STAGES_USED_WORD, 0, sem="relaxed"), tree_size.to(tl.int64) + 1)
         failed = count_give_ups(end + FAILED_WORD, errors_ptr)
         words = tl.arange(0, STAGE_WORDS)
         for stage in range(0, used):

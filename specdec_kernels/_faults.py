@@ -17,7 +17,7 @@ it), read by :func:`kernel_errors` with one synchronisation. The CUDA kernels
 use the same word indices (``csrc/include/specdec/faults.cuh``).
 
 Tests force a give-up with :func:`forced_give_up`: the program (Triton) or
-block (the CUDA extension's host path; a GPU launch refuses it) of the given
+block (the CUDA extension, on the host path and on a GPU) of the given
 *role* gives up its first wait at once. A role is the program's place in
 the launch: ``request * splits + slice`` in the split and staged plans,
 ``wave * row_blocks * splits + row_block * splits + slice`` in the Triton
@@ -42,6 +42,7 @@ CHAIN_WAIT_GAVE_UP, TREE_WAIT_GAVE_UP = range(len(KINDS))
 NO_FAULT = -1  # the role passed to the kernels when no give-up is forced
 
 _BUFFER_NAME = "kernel_errors"
+_COUNTER_BLOCK = 1 << (len(KINDS) - 1).bit_length()  # the power of two the take kernel spans
 _forced = threading.local()
 
 
@@ -56,9 +57,9 @@ def kernel_errors(device=None, reset: bool = True) -> dict[str, int]:
     A fault is, for example, a bounded wait that gave up: the request
     whose program gave up got the failure outcome (tokens ``-1``,
     ``num_accepted`` 0) and the workspace was left as the call found it. The
-    counts are read with one synchronisation; ``reset`` sets them back to
-    zero (faults counted by kernels running on other streams meanwhile may be
-    lost).
+    counts are read with one synchronisation; ``reset`` takes them and leaves
+    zero in one atomic exchange per counter, so a fault counted meanwhile by a
+    kernel on another stream is in this reading or in the next one.
 
     Parameters
     ----------
@@ -66,7 +67,7 @@ def kernel_errors(device=None, reset: bool = True) -> dict[str, int]:
         Default: the current CUDA device, or the CPU without CUDA (the CUDA
         extension's host path and the Triton interpreter count there).
     reset : bool
-        Zero the counts after reading them.
+        Zero the counts as they are read (atomically, where Triton runs).
 
     Returns
     -------
@@ -86,10 +87,29 @@ def kernel_errors(device=None, reset: bool = True) -> dict[str, int]:
     counters = _workspace.existing_device_buffer(_BUFFER_NAME, torch.int32, device)
     if counters is None:  # no kernel that counts faults has run there
         return dict.fromkeys(KINDS, 0)
-    counts = counters.clone() if reset else counters
-    if reset:
-        counters.sub_(counts)
+    counts = _taken(counters) if reset else counters
     return dict(zip(KINDS, counts.tolist()))
+
+
+def _taken(counters: torch.Tensor) -> torch.Tensor:
+    """The counters' values, with zero left in their place by one exchange per word on the current stream.
+
+    Without Triton on the device (the CUDA extension's host path, which
+    counts on the calling thread), a copy and a subtraction do it.
+    """
+    from ._backend import triton_runs_on
+
+    if not triton_runs_on(counters.device):
+        taken = counters.clone()
+        counters.sub_(taken)
+        return taken
+    from ._kernels.faults import _take_counters_kernel
+
+    taken = torch.empty_like(counters)
+    guard = torch.cuda.device(counters.device) if counters.device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        _take_counters_kernel[(1,)](counters, taken, len(KINDS), BLOCK=_COUNTER_BLOCK, num_warps=1)
+    return taken
 
 
 def give_up_role() -> int:

@@ -18,7 +18,10 @@ garbage counters (wrong tokens or an endless spin):
   capture is enough. Graphs sharing that set must not be replayed
   concurrently; concurrent graphs reserve a set each, on their own capture
   streams. With neither, a call under capture raises and says how to
-  reserve.
+  reserve. So does a call that would share the shared set with a capture
+  still running on another stream (two streams of one multi-stream capture,
+  or two threads capturing at once): their counters would meet in one graph,
+  or in two graphs that may replay together.
 * A buffer is never freed. When a call needs more, a larger one replaces it
   and the old one is kept alive, because a CUDA graph captured earlier may
   still point at it.
@@ -42,6 +45,9 @@ _DEVICE_WIDE = "device"  # the stream key of buffers every stream and graph of a
 _buffers: dict[tuple, torch.Tensor] = {}
 _retired: list[torch.Tensor] = []  # replaced buffers: a captured graph may still use them
 _lock = threading.Lock()
+# Per device, (stream key, stream) of the capture that last took the shared capture set: another stream may take
+# it only once that capture has ended.
+_shared_capture_user: dict[torch.device, tuple] = {}
 
 
 def _stream_key(device: torch.device):
@@ -52,6 +58,18 @@ def _stream_key(device: torch.device):
 
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _current_stream(device: torch.device):
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+
+def _still_capturing(stream) -> bool:
+    """Whether ``stream`` (a ``torch.cuda.Stream``, ``None`` off CUDA) is being captured now."""
+    if stream is None:
+        return False
+    with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def buffers(device: torch.device, specs: dict[str, tuple[int, torch.dtype]]) -> dict[str, torch.Tensor]:
@@ -128,6 +146,8 @@ def _captured_buffer(name: str, numel: int, dtype: torch.dtype, device: torch.de
     for key in keys:
         current = _buffers.get(key)
         if current is not None and current.numel() >= numel:
+            if key[3] == _CAPTURE:
+                _take_shared_capture_set(name, device, stream)
             return current
     raise RuntimeError(
         f"specdec_kernels: `{name}` needs a workspace of {numel} {dtype} elements on {device}, and none is "
@@ -136,16 +156,34 @@ def _captured_buffer(name: str, numel: int, dtype: torch.dtype, device: torch.de
     )
 
 
+def _take_shared_capture_set(name: str, device: torch.device, stream) -> None:
+    """Records that the capture on ``stream`` uses the shared capture set; raises if a capture on another stream
+    that used it is still running (their graphs would share counters)."""
+    with _lock:
+        user = _shared_capture_user.get(device)
+        if user is not None and user[0] != stream and _still_capturing(user[1]):
+            raise RuntimeError(
+                f"specdec_kernels: `{name}` under capture on stream {stream} would share the capture workspace "
+                f"with the capture still running on stream {user[0]}, so both graphs would count in the same "
+                "words (wrong tokens when they run together). Before capturing, reserve a set for each capture "
+                "stream: sk.reserve_workspace(..., stream=capture_stream, for_capture=True)."
+            )
+        _shared_capture_user[device] = (stream, _current_stream(device))
+
+
 def _zeros_outside_pools(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return torch.zeros(numel, dtype=dtype, device=device)
     result: list = []
+    # The caller's stream, not the helper thread's (the legacy default stream): zeroing or synchronising that
+    # one would break a global-mode capture that another thread is running.
+    stream = torch.cuda.current_stream(device)
 
     def allocate():
         try:
-            with torch.cuda.device(device):
+            with torch.cuda.device(device), torch.cuda.stream(stream):
                 buffer = torch.zeros(numel, dtype=dtype, device=device)
-                torch.cuda.current_stream(device).synchronize()  # zeroed before any stream uses it
+                stream.synchronize()  # zeroed before any other stream (a graph's replay) uses it
             result.append(buffer)
         except BaseException as error:  # re-raised on the calling thread
             result.append(error)

@@ -318,9 +318,9 @@ def assert_counters_at_zero(device):
     """No memset precedes a launch: each call must leave its counters at zero (and no wait may give up)."""
     from specdec_kernels import _workspace
 
-    names = ("chain_verify.tickets", "chain_verify.wave1_arrivals", "chain_verify.arrivals",
-             "chain_verify.failed_row_blocks")
-    counters = _workspace.buffers(device, {name: (1, torch.int32) for name in names})
+    names = ("chain_verify.wave1_arrivals", "chain_verify.arrivals", "chain_verify.failed_row_blocks")
+    counters = _workspace.buffers(device, {"chain_verify.tickets": (2, torch.int64),
+                                           **{name: (1, torch.int32) for name in names}})
     for name, counter in counters.items():
         assert int(counter.abs().sum()) == 0, name
     assert not any(sk.kernel_errors(device).values())

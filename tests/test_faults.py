@@ -178,6 +178,18 @@ def test_kernel_errors_reads_and_resets_the_device_counters():
     assert sk.kernel_errors("cpu") == dict.fromkeys(_faults.KINDS, 0)
 
 
+def test_reset_takes_the_counters_by_exchange():
+    """Where Triton runs, the reset is one atomic exchange per word (a fault counted meanwhile on another
+    stream lands in this reading or the next), not a copy and a subtraction with a window between them."""
+    from conftest import DEVICE
+
+    backend_or_skip("chain_verify", "triton")
+    counters = _faults.error_counters(torch.device(DEVICE))
+    counters.copy_(torch.tensor([3, 5], dtype=torch.int32))
+    taken = _faults._taken(counters)
+    assert taken.tolist() == [3, 5] and counters.tolist() == [0, 0]
+
+
 def test_the_kernels_count_into_the_words_of_the_kinds():
     """kernels/faults.py and csrc/include/specdec/faults.cuh index the counters as _faults.KINDS."""
     import re

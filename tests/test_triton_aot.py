@@ -31,14 +31,15 @@ def test_kernels_compile_for_gpus_without_spills():
                                               COMPACT_KV_SHAPES, EAGLE_OUTPUTS_SHAPES, EAGLE_PARENTS_SHAPES,
                                               FLASHINFER_COUNTERS_SHAPES, TARGETS,
                                               TREE_VERIFY_SAMPLING_SHAPES, TREE_VERIFY_SHAPES,
-                                              tree_attention_variants)
+                                              fault_counters_variants, tree_attention_variants)
 
     lines = [line for line in result.stdout.splitlines() if "registers" in line]
     shapes = (CHAIN_VERIFY_SHAPES, CHAIN_VERIFY_SAMPLING_SHAPES, TREE_VERIFY_SHAPES, TREE_VERIFY_SAMPLING_SHAPES,
               BUILD_TREE_SHAPES, COMPACT_KV_SHAPES, EAGLE_PARENTS_SHAPES, EAGLE_OUTPUTS_SHAPES,
               FLASHINFER_COUNTERS_SHAPES)
     # tree_attention compiles its merge kernel too for the shapes that split.
-    assert len(lines) == (sum(map(len, shapes)) + len(tree_attention_variants())) * len(TARGETS)
+    variants = sum(map(len, shapes)) + len(tree_attention_variants()) + len(fault_counters_variants())
+    assert len(lines) == variants * len(TARGETS)
     assert all("0 B spill stores, 0 B spill loads" in line for line in lines)
 
 

@@ -18,6 +18,7 @@ DEVICE = torch.device("cpu")
 def fresh_workspaces(monkeypatch):
     monkeypatch.setattr(_workspace, "_buffers", {})
     monkeypatch.setattr(_workspace, "_retired", [])
+    monkeypatch.setattr(_workspace, "_shared_capture_user", {})
 
 
 def test_buffers_persist_and_start_at_zero():
@@ -133,3 +134,38 @@ def test_device_buffers_are_shared_by_every_stream_and_capture(monkeypatch):
     assert _workspace.device_buffer("op.faults", 3, torch.int32, DEVICE).data_ptr() == first.data_ptr()
     monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
     assert _workspace.device_buffer("op.faults", 3, torch.int32, DEVICE).data_ptr() == first.data_ptr()
+
+
+def _capture_on(monkeypatch, stream_id):
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    monkeypatch.setattr(_workspace, "_stream_key", lambda device: stream_id)
+    return _workspace.buffers(DEVICE, {"op.counters": (4, torch.int32)})["op.counters"]
+
+
+def test_two_streams_capturing_at_once_never_share_the_shared_set(monkeypatch):
+    """Two streams of one multi-stream capture, or two threads capturing at once: the second stream to reach
+    the shared capture set while the first one's capture runs gets an error that says how to reserve."""
+    _workspace.reserve(DEVICE, {"op.counters": (4, torch.int32)})
+    monkeypatch.setattr(_workspace, "_still_capturing", lambda stream: True)
+    first = _capture_on(monkeypatch, 31)
+    assert _capture_on(monkeypatch, 31).data_ptr() == first.data_ptr()  # the same stream again: its own calls
+    with pytest.raises(RuntimeError, match=r"stream 32 would share .* stream 31\b.*"
+                                           r"sk.reserve_workspace\(\.\.\., stream=capture_stream, for_capture=True\)"):
+        _capture_on(monkeypatch, 32)
+
+
+def test_the_shared_set_passes_on_once_its_capture_ended(monkeypatch):
+    """Graphs captured one after another (torch.compile's, an engine's per-batch-size graphs) share the set."""
+    _workspace.reserve(DEVICE, {"op.counters": (4, torch.int32)})
+    monkeypatch.setattr(_workspace, "_still_capturing", lambda stream: False)
+    first = _capture_on(monkeypatch, 41)
+    assert _capture_on(monkeypatch, 42).data_ptr() == first.data_ptr()
+
+
+def test_a_stream_with_its_own_set_captures_beside_the_shared_set(monkeypatch):
+    _workspace.reserve(DEVICE, {"op.counters": (4, torch.int32)}, stream=_Stream(52), for_capture=True)
+    monkeypatch.setattr(_workspace, "_still_capturing", lambda stream: True)
+    shared = _capture_on(monkeypatch, 51)
+    own = _capture_on(monkeypatch, 52)
+    assert own.data_ptr() != shared.data_ptr()
+    assert _workspace._shared_capture_user[DEVICE][0] == 51

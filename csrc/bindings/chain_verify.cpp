@@ -245,7 +245,6 @@ void verify_chain(const ChainVerifyTensors& t, const char* op, bool logits, int6
     check_chain_verify_meta(t, op);
   } else {
     const ChainShapes shapes = check_chain_verify_args(t, op);
-    check_fault_role(backend, t.fault_role, op);
     const c10::OptionalDeviceGuard device_guard(guarded_device(backend, t.target.device()));
     const ChainVerifyInputs inputs = prepare_chain_verify(t, shapes, logits, seed_value, offset_value);
     if constexpr (backend == Backend::kHost) {

@@ -65,12 +65,6 @@ int32_t* fault_counters(const std::optional<at::Tensor>& errors) {
   return errors.has_value() ? errors->data_ptr<int32_t>() : nullptr;
 }
 
-void check_fault_role(Backend backend, int64_t fault_role, const char* op) {
-  TORCH_CHECK_VALUE(backend != Backend::kCuda || fault_role == kNoFault, "specdec_C::", op,
-                    ": `fault_role` (a test's forced give-up) runs on the host path only, got ", fault_role,
-                    " on a CUDA launch");
-}
-
 void check_random_state(const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
                         const char* op, int64_t batch_size, const at::Tensor& target) {
   check_batch_vector(seed, op, "seed", at::kLong, batch_size, target);

@@ -66,10 +66,6 @@ void check_batch_vector(const std::optional<at::Tensor>& tensor, const char* op,
 void check_fault_counters(const std::optional<at::Tensor>& errors, const char* op, const at::Tensor& target);
 int32_t* fault_counters(const std::optional<at::Tensor>& errors);
 
-// The tests' forced give-up (`fault_role`, faults.cuh) runs on the host path
-// only: the GPU kernels' waits do not read it (registers are at their cap).
-void check_fault_role(Backend backend, int64_t fault_role, const char* op);
-
 // seed int64 [B] and offset int64 [] or [B] of a verification op, when given.
 void check_random_state(const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
                         const char* op, int64_t batch_size, const at::Tensor& target);

@@ -187,7 +187,6 @@ void tree_verify(const at::Tensor& tree_token_ids, const at::Tensor& parents, co
     check_tree_verify_meta(tensors);
   } else {
     check_tree_verify_args(tensors);
-    check_fault_role(backend, fault_role, "tree_verify");
     const c10::OptionalDeviceGuard device_guard(guarded_device(backend, target.device()));
     const TreeVerifyInputs inputs = prepare_tree_verify(tensors, logits, seed_value, offset_value);
     if constexpr (backend == Backend::kHost) {

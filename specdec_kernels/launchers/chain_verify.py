@@ -182,7 +182,7 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
         "chain_verify.stat_max": (stat_slots, torch.float32),
         "chain_verify.stat_arg": (stat_slots, torch.int32),
         "chain_verify.stat_sum": (logit_slots, torch.float32),
-        "chain_verify.tickets": (2, torch.int32),
+        "chain_verify.tickets": (2, torch.int64),  # 64-bit: a damaged count wraps only past 2**63
         "chain_verify.wave1_arrivals": (batch_size, torch.int32),
         "chain_verify.arrivals": (batch_size, torch.int32),
         "chain_verify.failed_row_blocks": (batch_size, torch.int32),

@@ -253,20 +253,20 @@ struct DeviceBlock {
 
   // Thread 0 spins on an acquire load (bounded), watching the request's
   // failure flag; the barrier passes the acquired view on to the block.
-  // fault.give_up (the tests' forced fault) is the host path's only: the
-  // launch refuses it on a GPU.
+  // fault.give_up (the tests' forced fault) gives up at once, as on the host
+  // path, so the give-up path can be forced on a GPU too.
   template <class Word>
   __device__ __forceinline__ bool wait_at_least(const Word* counter, Word count, const WaitFault& fault) const {
     __syncthreads();  // the previous use of `broadcast` is over
     if (thread() == 0) {
       Word seen = load_acquire(counter);
       int32_t failed = load_relaxed(fault.failed);
-      for (int32_t spin = 0; seen < count && failed == 0 && spin < kMaxSpins; ++spin) {
+      for (int32_t spin = 0; seen < count && failed == 0 && !fault.give_up && spin < kMaxSpins; ++spin) {
         __nanosleep(256);
         seen = load_acquire(counter);
         failed = load_relaxed(fault.failed);
       }
-      const bool gave_up = failed == 0 && seen < count;
+      const bool gave_up = failed == 0 && (seen < count || fault.give_up);
       if (gave_up) atomicAdd(fault.failed, 1);
       shared->broadcast = gave_up || failed != 0 ? 0 : 1;
     }

@@ -35,12 +35,14 @@ struct WaitFault {
 };
 
 // The last block of a request, after every wait of it: clears the failure
-// flag, counts the waits that gave up into `errors` (the op's word of the
-// fault counters; nullptr: not counted) and returns whether any did.
+// flag, counts the request as one fault in `errors` (the op's word of the
+// fault counters; nullptr: not counted) if any wait gave up, and returns
+// whether one did. One a request, not the flag's value: a damaged flag may
+// hold anything.
 template <class Block>
 SPECDEC_HOST_DEVICE bool count_give_ups(const Block& block, int32_t* failed, int32_t* errors) {
   const int32_t gave_up = block.fetch_and_clear(failed);
-  if (gave_up != 0 && errors != nullptr) block.add_relaxed(errors, gave_up);
+  if (gave_up != 0 && errors != nullptr) block.add_relaxed(errors, int32_t{1});
   return gave_up != 0;
 }
 
