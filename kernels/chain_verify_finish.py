@@ -61,11 +61,10 @@ def arrive(counter_ptr, expected, fault_ptr):
     outcome and counts the fault; or a word of the fault counters) and takes the damage back out (subtracts
     what it saw, so the programs after it count from one)."""
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
-    if (arrived < 0) | (arrived >= expected):
-        tl.atomic_add(fault_ptr, 1, sem="relaxed")
-        tl.atomic_add(counter_ptr, -arrived, sem="relaxed")
-        arrived = 0
-    return arrived == expected - 1
+    damaged = (arrived < 0) | (arrived >= expected)
+    tl.atomic_add(fault_ptr, 1, mask=damaged, sem="relaxed")
+    tl.atomic_add(counter_ptr, -arrived, mask=damaged, sem="relaxed")
+    return tl.where(damaged, 0, arrived) == expected - 1
 
 
 @triton.jit

@@ -212,8 +212,10 @@ def end_request(history, stages, tree_size, splits, errors_ptr):
     tl.debug_barrier()  # every read of the records done before the arrival
     failed = tl.program_id(0) < 0
     if arrive(end + ENDED_WORD, splits, end + FAILED_WORD):
-        # At most the request's tree_size + 1 stage records, whatever the word held when the call started.
-        used = tl.minimum(tl.atomic_xchg(end + STAGES_USED_WORD, 0, sem="relaxed"), tree_size.to(tl.int64) + 1)
+        # At most the request's stage records (those before its end record), whatever the word held when the
+        # call started: their count from the two addresses, live here anyway (keeping tree_size live spilled).
+        records = (end.to(tl.int64, bitcast=True) - history.to(tl.int64, bitcast=True)) // (8 * STAGE_WORDS)
+        used = tl.minimum(tl.atomic_xchg(end + STAGES_USED_WORD, 0, sem="relaxed"), records)
         failed = count_give_ups(end + FAILED_WORD, errors_ptr)
         words = tl.arange(0, STAGE_WORDS)
         for stage in range(0, used):
