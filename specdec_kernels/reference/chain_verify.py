@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import rng
-from . import _sampling, _truncation
+from . import _rows, _sampling
 
 
 def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits, seed, offset,
@@ -18,7 +18,7 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     """See ``specdec_kernels.chain_verify``; arguments are already validated.
 
     ``top_k``/``top_p``/``min_p`` replace every target row ``p`` by its
-    truncation (``_truncation.truncate``) before anything below reads it.
+    truncation (``_rows.target_distributions``) before anything below reads it.
 
     Decision rule per request ``b`` with ``n_b`` drafts ``t_0..t_{n_b-1}``:
 
@@ -43,7 +43,7 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     rows = torch.arange(batch_size, device=device)
     positions = torch.arange(max_drafts, device=device)
 
-    target_probs = _truncation.truncate(_sampling.probabilities(target, temperature, logits), top_k, top_p, min_p)
+    target_probs = _rows.target_distributions(target, temperature, logits, top_k, top_p, min_p)
     # `logits` covers the target only: the draft is always the probabilities its tokens were drawn from (v1.3).
     draft_probs = None if draft is None else draft.to(torch.float32)
     greedy = _sampling.greedy_requests(temperature, batch_size, device)
@@ -57,24 +57,17 @@ def chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, 
     valid = (token_ids >= 0) & (token_ids < vocab_size)
     safe_ids = torch.where(valid, token_ids, 0)
     target_at_draft = target_probs[:, :max_drafts].gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
-    if draft_probs is None:
-        draft_at_draft = torch.ones_like(target_at_draft)
-        from_draft = torch.zeros_like(valid)
-    else:
-        draft_at_draft = draft_probs.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
-        from_draft = _sampling.drawn_from_draft(draft_at_draft)
-        # A deterministic proposal (q(t) not > 0) is tested against the point mass on t: q(t) = 1.
-        draft_at_draft = torch.where(from_draft, draft_at_draft, 1.0)
+    draft_at_draft = None if draft_probs is None else draft_probs.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
 
     keys = rng.RequestKeys(seed, offset, batch_size, device)
     uniforms, sample_words = _draws(keys, max_drafts, _sampling.num_chunks(vocab_size), device)
-    sampled_accept = _sampling.accept(uniforms, target_at_draft, draft_at_draft)
-    if temperature is None:
-        accepted = valid & sampled_accept
-    else:  # only a temperature can make a request greedy: skip the argmaxes otherwise
-        greedy_accept = token_ids == _sampling.greedy_tokens(target[:, :max_drafts], logits)
-        accepted = valid & torch.where(greedy.view(-1, 1), greedy_accept, sampled_accept)
-    accepted &= positions.view(1, -1) < num_drafts.view(-1, 1)
+    if temperature is None:  # only a temperature can make a request greedy: skip the argmaxes otherwise
+        accepted, from_draft = _rows.acceptance(uniforms, target_at_draft, draft_at_draft)
+    else:
+        greedy_hit = token_ids == _sampling.greedy_tokens(target[:, :max_drafts], logits)
+        accepted, from_draft = _rows.acceptance(uniforms, target_at_draft, draft_at_draft, greedy.view(-1, 1),
+                                                greedy_hit)
+    accepted &= valid & (positions.view(1, -1) < num_drafts.view(-1, 1))
     num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
 
     # The one row where the target chooses: residual after rejecting a valid

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from .. import rng
-from . import _sampling, _truncation
+from . import _rows, _sampling
 from .build_tree import validate_parents
 
 DRAFT_SAMPLING = ("with_replacement", "without_replacement")
@@ -41,7 +41,7 @@ def tree_verify(
     """See ``specdec_kernels.tree_verify``; shapes and dtypes are already validated.
 
     ``top_k``/``top_p``/``min_p`` replace every node's target row by its
-    truncation (``_truncation.truncate``) before anything below reads it.
+    truncation (``_rows.target_distributions``) before anything below reads it.
 
     Decision rule per request ``b``. The current node starts at the root 0
     with residual target ``p`` = target row 0 and proposal ``q`` = draft row 0.
@@ -85,7 +85,7 @@ def tree_verify(
     rows = torch.arange(batch_size, device=device)
     slots = torch.arange(tree_size, device=device).view(1, -1)
 
-    target_probs = _truncation.truncate(_sampling.probabilities(target, temperature, logits), top_k, top_p, min_p)
+    target_probs = _rows.target_distributions(target, temperature, logits, top_k, top_p, min_p)
     # `logits` covers the target only: the draft is always the probabilities its tokens were drawn from (v1.3).
     draft_probs = None if draft is None else draft.to(torch.float32)
     greedy = _sampling.greedy_requests(temperature, batch_size, device)
@@ -117,17 +117,13 @@ def tree_verify(
         token = safe_ids[:, child]
         point_mass = torch.nn.functional.one_hot(token, vocab_size).bool()
         target_at_token = residual_target.gather(-1, token.view(-1, 1)).squeeze(-1)
-        if proposal is None:
-            from_draft = torch.zeros_like(tried)
-            tried_proposal = point_mass.to(torch.float32)
-        else:
-            # A candidate with q(t) not > 0 is deterministic: tested against the point mass on t (v1.3).
-            from_draft = _sampling.drawn_from_draft(proposal.gather(-1, token.view(-1, 1)).squeeze(-1))
-            tried_proposal = torch.where(from_draft.view(-1, 1), proposal, point_mass.to(torch.float32))
-        draft_at_token = tried_proposal.gather(-1, token.view(-1, 1)).squeeze(-1)
-        sampled_accept = _sampling.accept(uniforms[:, child], target_at_token, draft_at_token)
-        greedy_accept = token == greedy_targets[rows, current]
-        accepted = tried & torch.where(greedy, greedy_accept, sampled_accept)
+        proposal_at_token = None if proposal is None else proposal.gather(-1, token.view(-1, 1)).squeeze(-1)
+        accepted, from_draft = _rows.acceptance(uniforms[:, child], target_at_token, proposal_at_token, greedy,
+                                                token == greedy_targets[rows, current])
+        accepted &= tried
+        # What a rejection subtracts: q, or the point mass on t for a deterministic candidate (v1.3).
+        tried_proposal = point_mass.to(torch.float32) if proposal is None else torch.where(
+            from_draft.view(-1, 1), proposal, point_mass.to(torch.float32))
 
         # Rows that tried nothing keep p and q; the others move to the child's
         # rows or to the residual.
