@@ -27,30 +27,26 @@ import torch
 import torch.autograd.profiler
 
 from . import _backend, _validation
+from ._verify_options import SCHEMA_SAMPLING, SCHEMA_TAIL
 
 NAMESPACE = "specdec"
 
 # Defaults make direct calls work with the public functions' leading
 # arguments, e.g. ``torch.ops.specdec.chain_verify(ids, target, draft, seed=3)``.
+# The verification ops share their sampling arguments and tail (``_verify_options``).
 SCHEMAS = {
     "chain_verify": (
         "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft=None, Tensor? num_draft_tokens=None, "
-        "Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, SymInt? seed=None, "
-        "Tensor? offset_tensor=None, SymInt offset=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-        "Tensor? bonus_token_ids=None, str backend=\"auto\") -> (Tensor, Tensor)"
+        f"{SCHEMA_SAMPLING}, {SCHEMA_TAIL}) -> (Tensor, Tensor)"
     ),
     "chain_verify_packed": (
         "chain_verify_packed(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target, Tensor? draft, "
-        "int max_num_draft_tokens, Tensor? temperature=None, bool logits=False, Tensor? seed_tensor=None, "
-        "SymInt? seed=None, Tensor? offset_tensor=None, SymInt offset=0, Tensor? top_k=None, Tensor? top_p=None, "
-        "Tensor? min_p=None, Tensor? bonus_token_ids=None, str backend=\"auto\") -> (Tensor, Tensor)"
+        f"int max_num_draft_tokens, {SCHEMA_SAMPLING}, {SCHEMA_TAIL}) -> (Tensor, Tensor)"
     ),
     "tree_verify": (
         "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft=None, "
-        "Tensor? num_nodes=None, Tensor? temperature=None, bool logits=False, "
-        "str draft_sampling=\"without_replacement\", Tensor? seed_tensor=None, SymInt? seed=None, "
-        "Tensor? offset_tensor=None, SymInt offset=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-        "Tensor? bonus_token_ids=None, str backend=\"auto\") -> (Tensor, Tensor, Tensor)"
+        f"Tensor? num_nodes=None, {SCHEMA_SAMPLING}, str draft_sampling=\"without_replacement\", {SCHEMA_TAIL}) "
+        "-> (Tensor, Tensor, Tensor)"
     ),
     "build_tree": (
         "build_tree(Tensor parents, Tensor? num_nodes=None, Tensor? prefix_lens=None, str backend=\"auto\") "

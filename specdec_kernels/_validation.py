@@ -331,8 +331,3 @@ def fresh_seed(op_name: str, device: torch.device) -> int:
     if buffer is None:
         buffer = _seed_buffers.value = torch.empty((), dtype=torch.int64, device="cpu")
     return buffer.random_(_FRESH_SEED_BOUND).item()
-
-
-def random_state_from_schema(seed_tensor, seed, offset_tensor, offset):
-    """Inverse of :func:`split_random_state` for the implementations."""
-    return (seed if seed_tensor is None else seed_tensor), (offset if offset_tensor is None else offset_tensor)

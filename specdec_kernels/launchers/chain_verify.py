@@ -9,6 +9,9 @@ from typing import NamedTuple
 import torch
 
 from .. import _faults, _workspace
+from .._verify_options import VerifyOptions
+from ._options import split_words  # noqa: F401 (the seed words' rule, as tests/ import it from here)
+from ._options import triton_arguments, triton_flags
 from ._shapes import cdiv, next_power_of_2, older_triton, unit_last_stride
 from ._shapes import multiprocessor_count as _multiprocessor_count  # a module name: tests patch it
 
@@ -190,37 +193,17 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     }
 
 
-def _truncates(top_k, top_p, min_p) -> bool:
-    """Whether a call truncates its targets (any sampling parameter given)."""
-    return top_k is not None or top_p is not None or min_p is not None
-
-
-def split_words(value: int) -> tuple[int, int]:
-    """A 64-bit int as its low and high 32-bit words, each read as a signed 32-bit int.
-
-    Passed this way a seed or offset is always an ``i32`` kernel argument,
-    so its value never changes the compiled signature.
-    """
-    low, high = value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF
-    return low - (1 << 32) * (low >> 31), high - (1 << 32) * (high >> 31)
-
-
-def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-                        seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
-                        bonus_token_ids=None):
+def triton_chain_verify(draft_token_ids, target, draft, num_draft_tokens, *bundle, **named):
+    """The schema's arguments; ``*bundle, **named``: ``_verify_options.VerifyOptions``'s fields."""
     batch_size, rows_per_request, _ = target.shape
-    return _triton_launch(draft_token_ids, target, draft, num_draft_tokens, None, temperature, logits, seed_tensor,
-                          seed, offset_tensor, offset, batch_size, rows_per_request - 1,
-                          top_k, top_p, min_p, bonus_token_ids)
+    return _triton_launch(draft_token_ids, target, draft, num_draft_tokens, None, batch_size, rows_per_request - 1,
+                          VerifyOptions(*bundle, **named))
 
 
-def triton_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
-                               seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
-                               bonus_token_ids=None):
+def triton_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *bundle, **named):
     """The packed layout: the kernel reads ``cu_num_draft_tokens`` and the packed rows in place (no padded copy)."""
-    return _triton_launch(draft_token_ids, target, draft, None, cu_num_draft_tokens, temperature, logits, seed_tensor,
-                          seed, offset_tensor, offset, cu_num_draft_tokens.shape[0] - 1, max_drafts,
-                          top_k, top_p, min_p, bonus_token_ids)
+    return _triton_launch(draft_token_ids, target, draft, None, cu_num_draft_tokens,
+                          cu_num_draft_tokens.shape[0] - 1, max_drafts, VerifyOptions(*bundle, **named))
 
 
 def _layout_strides(tensor):
@@ -230,9 +213,8 @@ def _layout_strides(tensor):
     return (tensor.stride(0), tensor.stride(1)) if tensor.dim() == 3 else (tensor.stride(0), tensor.stride(0))
 
 
-def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, temperature, logits,
-                   seed_tensor, seed, offset_tensor, offset, batch_size, max_drafts, top_k, top_p, min_p,
-                   bonus_token_ids):
+def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, batch_size, max_drafts,
+                   options: VerifyOptions):
     """One launch of the chain kernel; ``cu_num_draft_tokens`` given means the packed layout."""
     from .._kernels.chain_verify import _chain_verify_kernel
 
@@ -254,14 +236,10 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
         if not bonus_rows:
             target = target.new_zeros((1, vocab_size))
     # The kernel takes row strides and assumes unit stride along the last dim.
-    draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, temperature, seed_tensor, offset_tensor = (
-        unit_last_stride(tensor)
-        for tensor in (draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens, temperature,
-                       seed_tensor, offset_tensor)
-    )
-    top_k, top_p, min_p, bonus_token_ids = (unit_last_stride(tensor) for tensor in (top_k, top_p, min_p,
-                                                                                     bonus_token_ids))
-    truncate = _truncates(top_k, top_p, min_p)
+    draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens = (
+        unit_last_stride(tensor) for tensor in (draft_token_ids, target, draft, num_draft_tokens, cu_num_draft_tokens))
+    options = options.tensors_mapped(unit_last_stride)
+    logits, truncate = options.logits, options.truncates
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
     if truncate:
@@ -284,23 +262,13 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             draft_token_ids, target, placeholder if draft is None else draft,
             placeholder if num_draft_tokens is None else num_draft_tokens,
             placeholder if cu_num_draft_tokens is None else cu_num_draft_tokens,
-            placeholder if temperature is None else temperature,
-            *(placeholder if tensor is None else tensor for tensor in (top_k, top_p, min_p, bonus_token_ids)),
-            placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
-            placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
-            output, num_accepted,
+            *triton_arguments(options, placeholder), output, num_accepted,
             *scratch.values(), errors, _faults.give_up_role(),
             batch_size, max_drafts, num_tokens, vocab_size, config.num_chunks, config.num_splits,
             config.chunks_per_split,
             draft_token_ids.stride(0), *_layout_strides(target), *_layout_strides(draft), output.stride(0),
             HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None, PACKED=packed,
-            BONUS_ROWS=bonus_rows,
-            HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
-            SEED_PER_REQUEST=seed_tensor is not None, OFFSET_FROM_TENSOR=offset_tensor is not None,
-            OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, WALK=walk, STAGED=staged,
-            HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
-            TRUNCATE=truncate, HAS_BONUS=bonus_token_ids is not None,
-            SEARCH_BLOCK=config.search_block,
+            BONUS_ROWS=bonus_rows, WALK=walk, STAGED=staged, **triton_flags(options), SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_K1=config.block_k1, BLOCK_V=config.block_v, SPLIT_TILE=config.split_tile,
             CHUNK_TILE=config.chunk_tile,
             num_warps=num_warps(truncate, staged), enable_fp_fusion=False,
@@ -380,33 +348,29 @@ def _cuda_outputs_and_workspace(batch_size, max_drafts, vocab_size, logits, devi
     return (output, num_accepted, *scratch.values())
 
 
-def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-                      seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
-                      bonus_token_ids=None):
-    batch_size, rows_per_request, vocab_size = target.shape
-    output, num_accepted, workspace, arrivals, stages = _cuda_outputs_and_workspace(
-        batch_size, rows_per_request - 1, vocab_size, logits, target.device, _truncates(top_k, top_p, min_p))
-    if batch_size > 0:
-        torch.ops.specdec_C.chain_verify(
-            draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-            seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
-            top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids, stages=stages,
-            errors=_faults.error_counters(target.device), fault_role=_faults.give_up_role(),
-        )
-    return output, num_accepted
+def cuda_chain_verify(draft_token_ids, target, draft, num_draft_tokens, *bundle, **named):
+    """The schema's arguments; ``*bundle, **named``: ``_verify_options.VerifyOptions``'s fields."""
+    batch_size, rows_per_request, _ = target.shape
+    return _cuda_launch(torch.ops.specdec_C.chain_verify, (draft_token_ids, target, draft, num_draft_tokens),
+                        target, batch_size, rows_per_request - 1, VerifyOptions(*bundle, **named))
 
 
-def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
-                             seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
-                             bonus_token_ids=None):
-    batch_size = cu_num_draft_tokens.shape[0] - 1
+def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *bundle, **named):
+    """The packed layout: the extension reads ``cu_num_draft_tokens`` and the packed rows in place."""
+    return _cuda_launch(torch.ops.specdec_C.chain_verify_packed,
+                        (draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts), target,
+                        cu_num_draft_tokens.shape[0] - 1, max_drafts, VerifyOptions(*bundle, **named))
+
+
+def _cuda_launch(extension_op, layout: tuple, target, batch_size: int, max_drafts: int, options: VerifyOptions):
+    """One call of the extension's chain op: its ``layout`` arguments, then the bundle's and the workspace."""
     output, num_accepted, workspace, arrivals, stages = _cuda_outputs_and_workspace(
-        batch_size, max_drafts, target.shape[-1], logits, target.device, _truncates(top_k, top_p, min_p))
+        batch_size, max_drafts, target.shape[-1], options.logits, target.device, options.truncates)
     if batch_size > 0:
-        torch.ops.specdec_C.chain_verify_packed(
-            draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
-            seed_tensor, seed, offset_tensor, offset, workspace, arrivals, output, num_accepted,
-            top_k=top_k, top_p=top_p, min_p=min_p, bonus_token_ids=bonus_token_ids, stages=stages,
-            errors=_faults.error_counters(target.device), fault_role=_faults.give_up_role(),
+        extension_op(
+            *layout, options.temperature, options.logits, options.seed_tensor, options.seed, options.offset_tensor,
+            options.offset, workspace, arrivals, output, num_accepted,
+            top_k=options.top_k, top_p=options.top_p, min_p=options.min_p, bonus_token_ids=options.bonus_token_ids,
+            stages=stages, errors=_faults.error_counters(target.device), fault_role=_faults.give_up_role(),
         )
     return output, num_accepted

@@ -7,7 +7,7 @@ import contextlib
 import torch
 
 from ._shapes import next_power_of_2, unit_last_stride
-from .chain_verify import split_words
+from ._options import split_words
 
 NUM_WARPS = 1  # K <= a few dozen values per request: one warp holds them
 

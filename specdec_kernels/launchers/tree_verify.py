@@ -10,7 +10,9 @@ import torch
 
 from .. import _faults, _workspace
 from ._shapes import cdiv, device_capability, multiprocessor_count, next_power_of_2, older_triton, unit_last_stride
-from .chain_verify import CHUNK_SIZE, search_block, split_words
+from .._verify_options import VerifyOptions
+from ._options import triton_arguments, triton_flags
+from .chain_verify import CHUNK_SIZE, search_block
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
 # is one sampler chunk (or the whole vocabulary below one), the node tile
@@ -186,25 +188,25 @@ def allocate_outputs(target):
 
 
 def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
-                       seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
-                       bonus_token_ids=None):
+                       *bundle_tail, **named):
+    """The schema's arguments: ``temperature``, ``logits``, ``*bundle_tail`` and ``**named`` are
+    ``_verify_options.VerifyOptions``'s fields (``draft_sampling`` sits among them in the schema)."""
     from .._kernels.tree_verify import _tree_verify_kernel
 
+    options = VerifyOptions(temperature, logits, *bundle_tail, **named)
     batch_size, tree_size, vocab_size = target.shape
     device = target.device
     accepted_nodes, output, num_accepted = allocate_outputs(target)
     if batch_size == 0:
         return accepted_nodes, output, num_accepted
     # The kernel takes row strides and assumes unit stride along the vocabulary.
-    target, draft, num_nodes, temperature, seed_tensor, offset_tensor, top_k, top_p, min_p, bonus_token_ids = (
-        unit_last_stride(tensor) for tensor in (target, draft, num_nodes, temperature, seed_tensor, offset_tensor,
-                                                top_k, top_p, min_p, bonus_token_ids)
-    )
+    target, draft, num_nodes = (unit_last_stride(tensor) for tensor in (target, draft, num_nodes))
+    options = options.tensors_mapped(unit_last_stride)
     multiprocessors = multiprocessor_count(device) if device.type == "cuda" else None
     config = launch_config(batch_size, tree_size, vocab_size, interpreter=multiprocessors is None,
                            multiprocessors=multiprocessors)
     rows = scratch_rows(draft is not None, draft_sampling)
-    truncate = top_k is not None or top_p is not None or min_p is not None
+    truncate = options.truncates
     # Triton launches on the current device: make it the tensors' device.
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -215,10 +217,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
         grid = (cdiv(batch_size, config.rows) * config.num_splits,)
         _tree_verify_kernel[grid](
             tree_token_ids, parents, target, placeholder if draft is None else draft,
-            placeholder if num_nodes is None else num_nodes, placeholder if temperature is None else temperature,
-            *(placeholder if tensor is None else tensor for tensor in (top_k, top_p, min_p, bonus_token_ids)),
-            placeholder if seed_tensor is None else seed_tensor, *split_words(seed),
-            placeholder if offset_tensor is None else offset_tensor, *split_words(offset),
+            placeholder if num_nodes is None else num_nodes, *triton_arguments(options, placeholder),
             accepted_nodes, output, num_accepted,
             *scratch.values(), errors, _faults.give_up_role(),
             batch_size, tree_size, vocab_size, config.num_chunks, config.num_splits, config.chunks_per_split,
@@ -226,17 +225,11 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             target.stride(0), target.stride(1),
             0 if draft is None else draft.stride(0), 0 if draft is None else draft.stride(1),
             accepted_nodes.stride(0), output.stride(0),
-            HAS_DRAFT=draft is not None, HAS_NUM_NODES=num_nodes is not None,
-            HAS_TEMPERATURE=temperature is not None, LOGITS=logits,
-            REMOVE_DRAWN=rows == 2, SEED_PER_REQUEST=seed_tensor is not None,
-            OFFSET_FROM_TENSOR=offset_tensor is not None,
-            OFFSET_PER_REQUEST=offset_tensor is not None and offset_tensor.dim() == 1, SCRATCH_ROWS=rows,
-            HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
-            TRUNCATE=truncate,
-            HAS_BONUS=bonus_token_ids is not None, SPLIT=config.num_splits > 1, SEARCH_BLOCK=config.search_block,
+            HAS_DRAFT=draft is not None, HAS_NUM_NODES=num_nodes is not None, REMOVE_DRAWN=rows == 2,
+            SCRATCH_ROWS=rows, **triton_flags(options), SPLIT=config.num_splits > 1, SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_N=config.block_n, BLOCK_V=config.block_v, CHUNK_TILE=config.chunk_tile,
             REPLAY_SLOTS=config.replay_slots, enable_fp_fusion=False,
-            **(launch_options(config, truncate, logits and draft is not None, device_capability(device))
+            **(launch_options(config, truncate, options.logits and draft is not None, device_capability(device))
                if device.type == "cuda" else {"num_warps": NUM_WARPS}),
         )
     return accepted_nodes, output, num_accepted
@@ -269,8 +262,10 @@ def cuda_workspace_specs(batch_size: int, tree_size: int, vocab_size: int,
 
 
 def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
-                     seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None,
-                     bonus_token_ids=None):
+                     *bundle_tail, **named):
+    """The schema's arguments: ``temperature``, ``logits``, ``*bundle_tail`` and ``**named`` are
+    ``_verify_options.VerifyOptions``'s fields (``draft_sampling`` sits among them in the schema)."""
+    options = VerifyOptions(temperature, logits, *bundle_tail, **named)
     batch_size, tree_size, vocab_size = target.shape
     device = target.device
     accepted_nodes, output, num_accepted = allocate_outputs(target)
@@ -287,9 +282,9 @@ def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperat
     workspace, stages = _workspace.buffers(
         device, cuda_workspace_specs(batch_size, tree_size, vocab_size, multiprocessors)).values()
     torch.ops.specdec_C.tree_verify(
-        tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
-        seed_tensor, seed, offset_tensor, offset, workspace, accepted_nodes, output, num_accepted,
-        top_k, top_p, min_p, bonus_token_ids, stages, num_splits,
+        tree_token_ids, parents, target, draft, num_nodes, options.temperature, options.logits, draft_sampling,
+        options.seed_tensor, options.seed, options.offset_tensor, options.offset, workspace, accepted_nodes, output,
+        num_accepted, *options.parameters, stages, num_splits,
         errors=_faults.error_counters(device), fault_role=_faults.give_up_role(),
     )
     return accepted_nodes, output, num_accepted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
+from .._verify_options import VerifyOptions
 from ..launchers.chain_verify import cuda_chain_verify, triton_chain_verify
 from ..reference import chain_verify as reference
 
@@ -175,11 +176,10 @@ def _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab
         )
 
 
-def _reference(draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
-               seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None, bonus_token_ids=None):
-    seed, offset = _validation.random_state_from_schema(seed_tensor, seed, offset_tensor, offset)
-    return reference.chain_verify(draft_token_ids, target, draft, num_draft_tokens, temperature, logits, seed, offset,
-                                  top_k, top_p, min_p, bonus_token_ids)
+def _reference(draft_token_ids, target, draft, num_draft_tokens, *bundle):
+    options = VerifyOptions(*bundle)
+    return reference.chain_verify(draft_token_ids, target, draft, num_draft_tokens, options.temperature,
+                                  options.logits, *options.random_state, *options.parameters)
 
 
 def _fake(draft_token_ids, target, *args):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
+from .._verify_options import VerifyOptions
 from ..launchers.chain_verify import cuda_chain_verify_packed, triton_chain_verify_packed
 from ..reference import chain_verify_packed as reference
 from .chain_verify import check_sampling_arguments
@@ -152,11 +153,11 @@ def _validate_values(check, draft_token_ids, cu_num_draft_tokens, max_drafts, vo
                    f"{int(draft_token_ids[index])}")
 
 
-def _reference(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
-               seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None, bonus_token_ids=None):
-    seed, offset = _validation.random_state_from_schema(seed_tensor, seed, offset_tensor, offset)
+def _reference(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *bundle):
+    options = VerifyOptions(*bundle)
     return reference.chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts,
-                                         temperature, logits, seed, offset, top_k, top_p, min_p, bonus_token_ids)
+                                         options.temperature, options.logits, *options.random_state,
+                                         *options.parameters)
 
 
 def _fake(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *args):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
+from .._verify_options import VerifyOptions
 from ..launchers.tree_verify import cuda_tree_verify, triton_tree_verify
 from ..reference import tree_verify as reference
 
@@ -117,13 +118,10 @@ def tree_verify(
     )
 
 
-def _reference(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
-               seed_tensor, seed, offset_tensor, offset, top_k=None, top_p=None, min_p=None, bonus_token_ids=None):
-    seed, offset = _validation.random_state_from_schema(seed_tensor, seed, offset_tensor, offset)
-    return reference.tree_verify(
-        tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling, seed, offset,
-        top_k, top_p, min_p, bonus_token_ids,
-    )
+def _reference(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling, *bundle_tail):
+    options = VerifyOptions(temperature, logits, *bundle_tail)
+    return reference.tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperature, logits,
+                                 draft_sampling, *options.random_state, *options.parameters)
 
 
 def _fake(tree_token_ids, parents, target, *args):
