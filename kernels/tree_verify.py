@@ -620,7 +620,7 @@ def _tree_verify_kernel(
         tl.store(output_row[:, None] + index, tl.where(index == depth[:, None], token[:, None], -1),
                  mask=in_tree & (index >= depth[:, None]))
     if SPLIT:
-        if end_request(history, stage, tree_size, num_splits, errors_ptr + TREE_WAIT_GAVE_UP):
+        if end_request(history, tree_size, num_splits, errors_ptr + TREE_WAIT_GAVE_UP):
             # The request's last program, and a wait of the request gave up: the failure outcome, over whatever
             # its writer stored (every store of it happened before its arrival).
             for start in range(0, tree_size, BLOCK_N):

@@ -34,13 +34,13 @@ is not recorded: every program derives it from the same totals and keeps
 the current node's rejections in registers to replay them
 (:func:`replay_rejection`), so a pass reads no record per tile.
 
-End record: word 0 counts the programs out, word 1 is the most stages any
-program of the request used, word 2 is nonzero once a wait of the request
-gave up (``kernels/chain_verify_finish.py``, ``wait_for``). The last program
-of the request to end puts the records of that many stages and the end
-record back to zero, so the next call starts from zeros without a memset
-launch, whatever the programs did: one that gave up a wait goes on with
-partial totals and may walk elsewhere, using more stages or fewer.
+End record: word 0 counts the programs out, word 2 is nonzero once a wait
+of the request gave up (``kernels/chain_verify_finish.py``, ``wait_for``).
+The last program of the request to end puts every record of the request
+back to zero (``tree_size + 2`` lines of 128 bytes), so the next call starts
+from zeros without a memset launch, whatever the programs did (one that gave
+up a wait goes on with partial totals and may walk elsewhere) and whatever
+the words held when the call started.
 """
 
 import triton
@@ -58,7 +58,6 @@ _SIGN_SHIFT = tl.constexpr(31)  # and the residual flag in the sign bit of p's (
 _LOW_MASK = tl.constexpr((1 << 32) - 1)
 _MAGNITUDE_MASK = tl.constexpr((1 << 31) - 1)
 ENDED_WORD = tl.constexpr(0)  # end record: programs counted out,
-STAGES_USED_WORD = tl.constexpr(1)  # the most stages a program used,
 FAILED_WORD = tl.constexpr(2)  # nonzero once a wait of the request gave up
 _NOTHING_LEFT = tl.constexpr(1 << 62)  # what take_slice returns for a damaged count: past any ``splits``
 
@@ -203,22 +202,19 @@ def replayed_rejection(replay_tokens, replay_reciprocals, slot):
 
 
 @triton.jit
-def end_request(history, stages, tree_size, splits, errors_ptr):
-    """Count this program out, having used ``stages`` stages; the request's last program zeroes the records
-    the request used and its end record, and counts the waits that gave up into ``*errors_ptr``. Returns
-    whether this program is the last and the request failed."""
+def end_request(history, tree_size, splits, errors_ptr):
+    """Count this program out; the request's last program zeroes every record of the request, counts the waits
+    that gave up into ``*errors_ptr``, and returns whether the request failed (the others return False)."""
     end = end_record(history, tree_size)
-    tl.atomic_max(end + STAGES_USED_WORD, stages.to(tl.int64), sem="relaxed")
     tl.debug_barrier()  # every read of the records done before the arrival
     failed = tl.program_id(0) < 0
     if arrive(end + ENDED_WORD, splits, end + FAILED_WORD):
-        # At most the request's stage records (those before its end record), whatever the word held when the
-        # call started: their count from the two addresses, live here anyway (keeping tree_size live spilled).
-        records = (end.to(tl.int64, bitcast=True) - history.to(tl.int64, bitcast=True)) // (8 * STAGE_WORDS)
-        used = tl.minimum(tl.atomic_xchg(end + STAGES_USED_WORD, 0, sem="relaxed"), records)
         failed = count_give_ups(end + FAILED_WORD, errors_ptr)
+        # Every stage record, not only those the programs used: the next call starts from zeros whatever a word
+        # held when this one started. Their count from the two addresses, live here anyway (keeping tree_size
+        # live spilled on sm_80).
+        records = (end.to(tl.int64, bitcast=True) - history.to(tl.int64, bitcast=True)) // (8 * STAGE_WORDS)
         words = tl.arange(0, STAGE_WORDS)
-        for stage in range(0, used):
+        for stage in range(0, records + 1):  # the end record last
             tl.store(history + stage * STAGE_WORDS + words, tl.zeros((STAGE_WORDS,), tl.int64))
-        tl.store(end + ENDED_WORD, 0)
     return failed

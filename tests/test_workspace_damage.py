@@ -31,9 +31,8 @@ FILLS = [-1, 1, 2, 100, 2**31 - 1]
 PLANS = {**CHAIN_PLANS, "split": (False, None, None)}
 NO_FAULTS = dict.fromkeys(_faults.KINDS, 0)
 # Not yet a defined outcome (docs/architecture.md, "Damaged words"): a count in range looks like a launch in
-# progress, so the row block's last program can be chosen early and read stale chunk results; the tree's stage
-# records after -1, 1 and 2.
-NOT_YET = {("split", 1), ("split", 2), ("staged-logits", 2), ("tree", -1), ("tree", 1), ("tree", 2)}
+# progress, so the row block's (the tree request's) last program can be chosen early and read stale results.
+NOT_YET = {("split", 1), ("split", 2), ("staged-logits", 2), ("tree", 1), ("tree", 2)}
 
 
 def cases(plans):
