@@ -27,7 +27,7 @@
 #   tree_split_busy_gpu     40 s  first and alone: the split plan under a busy GPU and in a graph; 2 Triton
 #                                 compiles (5-9 s each), CUDA init, 4 reference calls: about 25 s
 #   graph_replay            55 s  alone, so that its us/call is undisturbed: 4 Triton compiles, 200-call graphs
-#   hazards                 90 s  the other eleven checks at once, each in its own process under this limit (the
+#   hazards                 90 s  the other twelve checks at once, each in its own process under this limit (the
 #                                 slowest: torch.compile at 4 batch sizes, about 60 s, the fuzz, time-boxed
 #                                 at 25 s a backend, and the example's decoding loop, skipped without
 #                                 transformers); meanwhile the benchmark's Triton kernels compile into
@@ -176,7 +176,7 @@ limited $(( limit[hazards] + limit[tests] )) "$scratch/warm-up.log" "$python" -m
     --targets --op chain_verify --op tree_verify --op build_tree --op tree_attention "${bench_options[@]}" &
 warm_up=$!
 parallel_checks=(two_streams logits_busy_gpu stride_overflow small_vocabularies grow_after_capture
-                 graphs_out_of_order throughput compile_reduce_overhead fuzz forced_give_up
+                 graphs_out_of_order concurrent_graphs throughput compile_reduce_overhead fuzz forced_give_up
                  paged_decoding)
 check_pids=()
 for check in "${parallel_checks[@]}"; do

@@ -4,7 +4,7 @@
 
 Each check exercises a way a serving process can break a kernel that the
 interpreter cannot show: CUDA-graph capture and replay, workspace growth after
-a capture, graphs replayed out of order, ``torch.compile(mode=
+a capture, graphs replayed out of order or at once, ``torch.compile(mode=
 "reduce-overhead")``, a grid larger than the GPU while other work occupies it,
 64-bit strides, tiny vocabularies, concurrent streams, a random bit-equality
 fuzz, and the example's paged decoding loop end to end. ``bench/gpu_check.sh`` runs every check in its own process
@@ -61,8 +61,9 @@ def synchronize():
         torch.cuda.synchronize()
 
 
-def capture(function):
-    """``(outputs, replay)``: ``function()`` captured in a CUDA graph, and the graph's replay.
+def capture(function, stream=None):
+    """``(outputs, replay)``: ``function()`` captured in a CUDA graph (on ``stream``, default a side stream of
+    torch's own), and the graph's replay.
 
     On the CPU (--dry-run) the capture is an eager call, and a replay calls
     ``function`` again and copies its outputs into the first ones, as a
@@ -77,7 +78,7 @@ def capture(function):
 
         return outputs, replay
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         outputs = function()
     return outputs, graph.replay
 
@@ -264,6 +265,43 @@ def graphs_out_of_order(backend):
         expected = sk.chain_verify(*problems[index], seed=3, offset=1, backend=backend)
         ok &= same(expected, outputs[index])
     return ok and counters_at_zero(), "replayed 1, 0, 1"
+
+
+@check
+def concurrent_graphs(backend):
+    """Two graphs of the split plan, captured on two streams that each reserved a capture set of their own
+    (sk.reserve_workspace(..., stream=, for_capture=True)), replayed at the same time on two other streams
+    under a busy GPU: neither may count in the other's words."""
+    vocab_size = size(50000, 1500)
+    problems = [problem(4, 3, vocab_size, seed=seed) for seed in (5, 6)]
+    capture_streams = [side_stream(), side_stream()]
+    for stream in capture_streams:
+        sk.reserve_workspace(DEVICE, batch_size=4, max_draft_tokens=3, vocab_size=vocab_size, stream=stream,
+                             for_capture=True)
+    replays, outputs = [], []
+    for (ids, target, draft), stream in zip(problems, capture_streams):
+        sk.chain_verify(ids, target, draft, seed=3, offset=1, backend=backend)  # compiled before the capture
+        captured, replay = capture(
+            lambda ids=ids, target=target, draft=draft: sk.chain_verify(ids, target, draft, seed=3, offset=1,
+                                                                        backend=backend), stream)
+        outputs.append(captured)
+        replays.append(replay)
+    expected = [sk.chain_verify(*inputs, seed=3, offset=1, backend="reference") for inputs in problems]
+    replay_streams = [side_stream(), side_stream()]
+    ok = True
+    for _ in range(5):
+        keep_busy()
+        for replay, stream in zip(replays, replay_streams):
+            if stream is not None:
+                stream.wait_stream(torch.cuda.current_stream())  # the previous round's checks are done
+            with on_stream(stream):
+                replay()
+        for stream in replay_streams:
+            if stream is not None:
+                torch.cuda.current_stream().wait_stream(stream)
+        ok &= all(same(wanted, actual) for wanted, actual in zip(expected, outputs))
+    splits = chain_plan(4, 3, vocab_size).num_splits
+    return ok and counters_at_zero(), f"{splits} splits a request, 5 rounds of 2 graphs at once"
 
 
 @check
