@@ -182,18 +182,16 @@ def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
 
 def chain_verify_variants():
     """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's configurations."""
-    from specdec_kernels.launchers.chain_verify import GPU_LIMITS, launch_config, num_warps, truncation_config
+    from specdec_kernels.launchers.chain_verify import GPU_LIMITS, chain_plan
 
     from .chain_verify import _chain_verify_kernel
 
     variants = []
     shapes = [(shape, False) for shape in CHAIN_VERIFY_SHAPES] + [(shape, True) for shape in CHAIN_VERIFY_SAMPLING_SHAPES]
     for (batch, drafts, vocab, dtype, draft, logits, per_request, packed), sampling in shapes:
-        # Truncation: the staged plan where rows split, else the walk (one slice per row).
-        if sampling:
-            config, staged = truncation_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS, GPU_LIMITS)
-        else:
-            config, staged = launch_config(batch, drafts + 1, vocab, H200_MULTIPROCESSORS, GPU_LIMITS), False
+        # The launcher's plan rule (sampling: truncation, staged where rows split, else the walk).
+        plan = chain_plan(batch, drafts + 1, vocab, H200_MULTIPROCESSORS, GPU_LIMITS, logits, sampling)
+        config, staged = plan.config, plan.staged
         signature = {
             "draft_ids_ptr": "*i64", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
             "num_drafts_ptr": "*i32", "cu_ptr": "*i64", "temperature_ptr": "*fp32",
@@ -214,7 +212,7 @@ def chain_verify_variants():
             "HAS_TEMPERATURE": True,
             "LOGITS": logits,
             "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
-            "WALK": (logits or sampling) and config.num_splits == 1, "STAGED": staged,
+            "WALK": plan.walk, "STAGED": staged,
             **_sampling_constexprs(sampling, config.search_block),
             "ROWS": config.rows, "BLOCK_K1": config.block_k1,
             "BLOCK_V": config.block_v, "SPLIT_TILE": config.split_tile, "CHUNK_TILE": config.chunk_tile,
@@ -225,9 +223,7 @@ def chain_verify_variants():
         mode = f"{mode.split()[0]} staged" if staged else mode
         name = (f"chain_verify{'_packed' if packed else ''} B={batch} K={drafts} V={vocab} {dtype} {mode}"
                 f"{'' if draft else ' one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''} rows={config.rows}")
-        options = {"num_warps": num_warps(sampling, staged), "enable_fp_fusion": False}
-        if config.max_registers is not None:
-            options["maxnreg"] = config.max_registers
+        options = plan.options
         # Contiguous inputs: the strides and sizes the launcher passes for these
         # shapes (packed rows: both strides are the row stride).
         values = {"vocab_size": vocab, "stride_target_b": vocab if packed else (drafts + 1) * vocab,

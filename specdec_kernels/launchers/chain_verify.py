@@ -145,6 +145,28 @@ def launch_config(batch_size: int, rows_per_request: int, vocab_size: int, multi
                         max_registers, search_block(block_v, limits.search_tile, rows))
 
 
+class ChainPlan(NamedTuple):
+    config: LaunchConfig
+    staged: bool  # the staged plan: a truncating or logits request's programs share its passes through records
+    walk: bool  # one program walks each request's rows (logits or truncation, one slice per row)
+    waves: int  # 2: logits over several slices without stages, the normalisers in a first wave
+    options: dict  # Triton's launch options (warps, register cap)
+
+
+def chain_plan(batch_size: int, rows_per_request: int, vocab_size: int, multiprocessors: int | None,
+               limits: Limits, logits: bool, truncate: bool) -> ChainPlan:
+    """The one plan rule of a chain launch, which the launcher and ``kernels/aot.py`` both follow."""
+    if truncate:
+        config, staged = truncation_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits)
+    else:
+        config, staged = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits), False
+    walk = (logits or truncate) and config.num_splits == 1
+    waves = 2 if logits and not walk and not staged else 1
+    options = {"num_warps": num_warps(truncate, staged), "enable_fp_fusion": False,
+               **({} if config.max_registers is None else {"maxnreg": config.max_registers})}
+    return ChainPlan(config, staged, walk, waves, options)
+
+
 def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: int, logits: bool,
                            device: torch.device, truncate: bool = True) -> dict[str, tuple[int, torch.dtype]]:
     """The workspace one Triton launch uses, ``{name: (numel, dtype)}``, in the kernel's parameter order.
@@ -242,15 +264,9 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     logits, truncate = options.logits, options.truncates
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
-    if truncate:
-        config, staged = truncation_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits)
-    else:
-        config, staged = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits), False
+    plan = chain_plan(batch_size, rows_per_request, vocab_size, multiprocessors, limits, logits, truncate)
+    config = plan.config
     row_blocks = cdiv(batch_size, config.rows)
-    # Logits (or truncation) with one slice per row walk the rows in one wave; logits with several, two waves,
-    # unless staged (the normalisers are stage 0).
-    walk = (logits or truncate) and config.num_splits == 1
-    waves = 2 if logits and not walk and not staged else 1
     # Triton launches on the current device: make it the tensors' device.
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -258,7 +274,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
                                                                     logits, device, truncate))
         errors = _faults.error_counters(device)
         placeholder = target
-        _chain_verify_kernel[(waves * row_blocks * config.num_splits,)](
+        _chain_verify_kernel[(plan.waves * row_blocks * config.num_splits,)](
             draft_token_ids, target, placeholder if draft is None else draft,
             placeholder if num_draft_tokens is None else num_draft_tokens,
             placeholder if cu_num_draft_tokens is None else cu_num_draft_tokens,
@@ -268,11 +284,10 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             config.chunks_per_split,
             draft_token_ids.stride(0), *_layout_strides(target), *_layout_strides(draft), output.stride(0),
             HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None, PACKED=packed,
-            BONUS_ROWS=bonus_rows, WALK=walk, STAGED=staged, **triton_flags(options), SEARCH_BLOCK=config.search_block,
+            BONUS_ROWS=bonus_rows, WALK=plan.walk, STAGED=plan.staged, **triton_flags(options),
+            SEARCH_BLOCK=config.search_block,
             ROWS=config.rows, BLOCK_K1=config.block_k1, BLOCK_V=config.block_v, SPLIT_TILE=config.split_tile,
-            CHUNK_TILE=config.chunk_tile,
-            num_warps=num_warps(truncate, staged), enable_fp_fusion=False,
-            **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
+            CHUNK_TILE=config.chunk_tile, **plan.options,
         )
     return output, num_accepted
 
