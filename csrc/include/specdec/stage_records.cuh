@@ -39,11 +39,16 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t record_word(const int64_t* recor
 #endif
 }
 
+// What take_slice returns for a count below zero (no launch's: damaged
+// words): past any `splits`, so no slice index leaves [0, splits).
+constexpr int64_t kNothingLeft = int64_t{1} << 62;
+
 // The next untaken slice of the stage at `record` (>= splits once all are
 // taken); every thread gets it.
 template <class Block>
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t take_slice(const Block& block, int64_t* record) {
-  return block.take(record + kTakenWord);
+  const int64_t taken = block.take(record + kTakenWord);
+  return taken < 0 ? kNothingLeft : taken;
 }
 
 // Releases a slice: every write and atomic add the block made for it.

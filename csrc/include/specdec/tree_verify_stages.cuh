@@ -130,7 +130,9 @@ SPECDEC_HOST_DEVICE bool end_request(const Block& block, const SplitPlan& plan, 
   int64_t* end = plan.records + max_nodes * kStageWords;
   block.max_relaxed(end + kStagesUsedWord, plan.stage);
   if (block.arrive(end + kEndedWord) != plan.splits - 1) return false;  // after every read of the records
-  const int64_t used = block.load_published(end + kStagesUsedWord);
+  // At most the request's records before its end record, whatever the word held when the call started.
+  const int64_t recorded = block.load_published(end + kStagesUsedWord);
+  const int64_t used = recorded < 0 ? 0 : (recorded > max_nodes ? max_nodes : recorded);
   const bool failed = count_give_ups(block, plan.fault.failed, errors);
   for (int64_t word = block.thread(); word < used * kStageWords; word += block.num_threads()) {
     plan.records[word] = 0;
