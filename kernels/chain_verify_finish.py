@@ -8,11 +8,10 @@ per step, one step unless the row has more), so the finishing program makes
 a few dependent round trips to L2, not one per slice.
 """
 
-import os
-
 import triton
 import triton.language as tl
 
+from .._backend import triton_interpreter_enabled  # the package's one rule for the interpreter
 from .chain_verify_rows import sample_slice
 from .sampling import choice_draw, choose_chunk, chunk_sums
 
@@ -21,7 +20,7 @@ from .sampling import choice_draw, choose_chunk, chunk_sums
 # runs programs one after another, so a wait not over at its first look
 # never will be: it gives up at once there (as the CUDA host path's does)
 # instead of spinning for minutes of numpy.
-SPIN_LIMIT = tl.constexpr(0 if os.environ.get("TRITON_INTERPRET") == "1" else 1 << 22)
+SPIN_LIMIT = tl.constexpr(0 if triton_interpreter_enabled() else 1 << 22)
 
 
 @triton.jit
