@@ -35,3 +35,11 @@ def test_readme_points_only_at_files_that_exist():
     assert len(paths) > 5
     assert not [path for path in paths if not (REPO_ROOT / path).is_file()]
     assert "shared/design" not in README
+
+
+def test_the_first_call_runs_as_written():
+    """The README's first Python snippet, executed: every name it uses is defined in it."""
+    snippet = README.split("```python\n")[1].split("```")[0]
+    namespace = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    assert namespace["tokens"].shape == (2, 5) and namespace["num_accepted"].shape == (2,)

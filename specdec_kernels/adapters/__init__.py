@@ -4,9 +4,9 @@
 siblings, outputs indexed by flattened token position) onto ``sk.tree_verify``.
 ``sk.adapters.flashinfer``: FlashInfer's ``chain_speculative_sampling``
 (signature, outputs and counters) onto ``sk.chain_verify``.
-``sk.adapters.vllm``: vLLM V1's ``rejection_sample`` (its packed tensors,
-greedy markers, truncation and per-request generators) onto
-``sk.chain_verify_packed``.
+``sk.adapters.vllm``: vLLM V1's ``rejection_sample`` (its eight arguments,
+``sampling_metadata`` included), and ``rejection_sample_from_logits`` with
+vLLM's temperature and truncation fused, onto ``sk.chain_verify_packed``.
 """
 
 from . import flashinfer, sglang, vllm
