@@ -164,6 +164,19 @@ def test_generator_and_default_seeds(path, device):
     assert all(torch.equal(a, b) for a, b in zip(default, again))
 
 
+@pytest.mark.parametrize("lone", [dict(seed=5), dict(offset=7), dict(seed=torch.tensor([5]))])
+def test_a_lone_seed_or_offset_leaves_the_draw_to_the_generator(lone, device):
+    """FlashInfer's rule: the draws come from ``generator`` unless both ``seed`` and ``offset`` are given; a lone
+    one is not an error and changes nothing."""
+    draft, ids, target = (t.to(device) for t in random_inputs(torch.Generator().manual_seed(8), 6, 3, 13))
+    lone = {name: value.to(device) if isinstance(value, torch.Tensor) else value for name, value in lone.items()}
+    with_lone = flashinfer.chain_speculative_sampling(draft, ids, target, generator=torch.Generator().manual_seed(1),
+                                                      backend="reference", **lone)
+    without = flashinfer.chain_speculative_sampling(draft, ids, target, generator=torch.Generator().manual_seed(1),
+                                                    backend="reference")
+    assert all(torch.equal(a, b) for a, b in zip(with_lone, without))
+
+
 # ----------------------------------------------------------------------------- backends agree
 
 
@@ -227,8 +240,6 @@ def test_errors_name_the_argument():
         call(draft, ids, target, torch.zeros(2, dtype=torch.int64))
     with pytest.raises(ValueError, match=re.escape("`maybe_output_emitted_draft_token_num` must have shape [B] = [2]")):
         call(draft, ids, target, None, torch.zeros(3, dtype=torch.int32))
-    with pytest.raises(ValueError, match="`seed` and `offset` must be given together .* `offset` is None"):
-        call(draft, ids, target, seed=1)
     with pytest.raises(TypeError, match="`seed` and `offset` must both be tensors or both be ints"):
         call(draft, ids, target, seed=torch.tensor([1]), offset=0)
     with pytest.raises(TypeError, match="`seed` must have dtype int64 or uint64; got int32"):

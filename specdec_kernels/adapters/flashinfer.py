@@ -53,11 +53,11 @@ tensor's first entry, whatever its length); ``generator`` (or, when it is
   int seed gives it (``docs/rng.md``: the request index is XORed into the
   offset's high word); four small device ops (the seed copied per request,
   an ``arange``, a shift, an XOR), no host read;
-* neither: a seed drawn from ``generator`` (a CPU generator: on the host; one
-  on the tensors' device: on the device, no host read) or, without one, a
-  fresh seed from torch's default CPU generator (``chain_verify``'s
-  ``seed=None`` rule), offset 0. Giving only one of ``seed``/``offset`` is
-  refused (FlashInfer would silently ignore it).
+* not both: a seed drawn from ``generator`` (a CPU generator: on the host;
+  one on the tensors' device: on the device, no host read) or, without one,
+  a fresh seed from torch's default CPU generator (``chain_verify``'s
+  ``seed=None`` rule), offset 0. As in FlashInfer, a lone ``seed`` or
+  ``offset`` is not an error: it is not read, and ``generator`` decides.
 
 The ``accepted`` counter redraws the acceptance uniforms of positions after
 ``j`` from the same key and counters ``chain_verify`` used, so it agrees with
@@ -114,7 +114,7 @@ def chain_speculative_sampling(
     deterministic : bool
         Accepted for FlashInfer's signature; the sampling is always deterministic.
     generator : torch.Generator, optional
-        Draws the seed when ``seed`` and ``offset`` are ``None``.
+        Draws the seed unless both ``seed`` and ``offset`` are given.
     seed, offset : int or Tensor, optional
         Both ints, or both int64/uint64 tensors of length 1 or ``B`` (their
         first entries are used, read on the device).
@@ -222,7 +222,7 @@ def _add_into(counter, count):
 
 def _random_state(check, seed, offset, generator, batch_size, device):
     """FlashInfer's ``seed``/``offset``/``generator`` as ``chain_verify``'s ``(seed, offset)`` (module docstring)."""
-    if seed is None and offset is None:
+    if seed is None or offset is None:  # FlashInfer's rule: the pair, or else the generator
         if generator is None:
             return _validation.fresh_seed(OP_NAME, device), 0
         if not isinstance(generator, torch.Generator):
@@ -234,10 +234,6 @@ def _random_state(check, seed, offset, generator, batch_size, device):
                        f"{generator.device}")
         drawn = torch.randint(_SEED_BOUND, (1,), generator=generator, device=device, dtype=torch.int64)
         return _per_request(drawn, 0, batch_size)
-    if seed is None or offset is None:
-        missing = "seed" if seed is None else "offset"
-        check.fail(f"`seed` and `offset` must be given together (or neither, to draw from `generator`); "
-                   f"`{missing}` is None")
     if isinstance(seed, torch.Tensor) != isinstance(offset, torch.Tensor):
         check.fail(f"`seed` and `offset` must both be tensors or both be ints; got {type(seed).__name__} and "
                    f"{type(offset).__name__}", TypeError)
