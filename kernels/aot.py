@@ -150,6 +150,13 @@ EAGLE_OUTPUTS_SHAPES = (
     (64, 7, "i32", True),
     (1024, 17, "i64", True),
 )
+# Greedy walk: (tree size, accept_index width, ids dtype): SGLang's int64 ids at EAGLE sizes, int32, and the
+# widest tile.
+EAGLE_GREEDY_SHAPES = (
+    (8, 4, "i64"),
+    (64, 7, "i32"),
+    (1024, 17, "i64"),
+)
 
 
 # The FlashInfer adapter's counter kernel (kernels/flashinfer_counters.py), one program per request:
@@ -262,11 +269,11 @@ def build_tree_variants():
 
 
 def eagle_layout_variants():
-    """``(name, kernel, signature, constexprs, options, attrs)`` for the SGLang adapter's two kernels."""
-    from specdec_kernels.launchers.eagle_layout import NUM_WARPS, rounds
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the SGLang adapters' three kernels."""
+    from specdec_kernels.launchers.eagle_layout import NUM_WARPS, greedy_num_warps, rounds
     from specdec_kernels.launchers._shapes import next_power_of_2
 
-    from .eagle_layout import _eagle_outputs_kernel, _eagle_parents_kernel
+    from .eagle_layout import _eagle_greedy_kernel, _eagle_outputs_kernel, _eagle_parents_kernel
 
     variants = []
     for tree_size, links_dtype, limit_depth, clear_predicts in EAGLE_PARENTS_SHAPES:
@@ -300,6 +307,22 @@ def eagle_layout_variants():
         attrs = _jit_divisibility(signature, values, _eagle_outputs_kernel)
         name = f"eagle_outputs N={tree_size} W={width} index {index_dtype}{' in place' if in_place else ''}"
         variants.append((name, _eagle_outputs_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
+    for tree_size, width, ids_dtype in EAGLE_GREEDY_SHAPES:
+        signature = {
+            "candidates_ptr": f"*{ids_dtype}", "retrive_index_ptr": f"*{ids_dtype}",
+            "next_token_ptr": f"*{ids_dtype}", "next_sibling_ptr": f"*{ids_dtype}",
+            "target_predict_ptr": f"*{ids_dtype}", "predicts_ptr": "*i32", "accept_index_ptr": "*i32",
+            "accept_token_num_ptr": "*i32", "tree_size": "i32", "width": "i32", "num_rows": "i32",
+            "stride_candidates_b": "i32", "stride_retrive_b": "i32", "stride_next_token_b": "i32",
+            "stride_next_sibling_b": "i32", "stride_target_b": "i32", "stride_accept_index_b": "i32",
+        }
+        constexprs = {"BLOCK_N": next_power_of_2(tree_size), "BLOCK_W": next_power_of_2(width)}
+        signature.update({key: "constexpr" for key in constexprs})
+        values = {"tree_size": tree_size, "width": width, "num_rows": 64 * tree_size,
+                  **{key: tree_size for key in signature if key.startswith("stride_")}, "stride_accept_index_b": width}
+        attrs = _jit_divisibility(signature, values, _eagle_greedy_kernel)
+        variants.append((f"eagle_greedy N={tree_size} W={width} ids {ids_dtype}", _eagle_greedy_kernel, signature,
+                         constexprs, {"num_warps": greedy_num_warps(constexprs["BLOCK_N"])}, attrs))
     return variants
 
 

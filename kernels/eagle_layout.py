@@ -1,10 +1,13 @@
-"""Triton kernels of the SGLang adapter: EAGLE links to parents, and the accepted path to SGLang's outputs.
+"""Triton kernels of the SGLang adapters: EAGLE links to parents, the accepted path to SGLang's outputs, and
+SGLang's greedy walk.
 
 SGLang describes a tree by first-child / next-sibling links
 (``specdec_kernels/adapters/sglang.py``). ``_eagle_parents_kernel`` turns
 them into ``parents`` for ``tree_verify`` and ``_eagle_outputs_kernel``
-writes the verified path where SGLang expects it, so an adapter call is
-three launches: these two around the verification.
+writes the verified path where SGLang expects it, so a sampling call is
+three launches: these two around the verification. ``_eagle_greedy_kernel``
+is the whole of ``verify_tree_greedy`` (argmax ids in, SGLang's outputs
+out): one launch.
 
 Both run one program per request over the request's node slots, which a
 program holds in one tile (EAGLE trees have at most a few hundred nodes).
@@ -135,3 +138,66 @@ def _eagle_outputs_kernel(
         tl.store(predicts_ptr + tl.where(writes, rows, 0), tokens.to(tl.int32), mask=writes & ~beaten)
     else:
         tl.atomic_max(predicts_ptr + tl.where(writes, rows, 0), tokens.to(tl.int32), mask=writes)
+
+
+@triton.jit
+def _eagle_greedy_kernel(
+    candidates_ptr, retrive_index_ptr, next_token_ptr, next_sibling_ptr, target_predict_ptr,
+    predicts_ptr, accept_index_ptr, accept_token_num_ptr,
+    tree_size, width, num_rows,
+    stride_candidates_b, stride_retrive_b, stride_next_token_b, stride_next_sibling_b, stride_target_b,
+    stride_accept_index_b,
+    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """SGLang's greedy tree walk from the target's argmax ids, and its outputs, in one program per request.
+
+    From the root, the walk accepts the first child (in sibling order) whose
+    candidate is the target's token after the last accepted node
+    (``target_predict`` at that node's row of ``retrive_index``, read as
+    SGLang reads it: the flattened ``[B, N]``), at most ``width - 1`` times.
+    A link counts only when it points at a later slot, so every step moves
+    to a larger slot and the walk ends within ``N - 1`` steps whatever the
+    links hold. The request's slots sit in registers, one tile: a step
+    reads a slot's values by a tile reduction, not a dependent global load.
+
+    Outputs as sgl-kernel's ``VerifyTreeGreedy`` writes them: each path
+    node's row of ``predicts`` gets the target's token there (only rows in
+    ``[0, num_rows)``; a row shared by two nodes gets the same token from
+    both), ``accept_index[b]`` the path's rows then ``-1`` (every column),
+    ``accept_token_num[b]`` the accepted drafts.
+    """
+    request = tl.program_id(0).to(tl.int64)
+    nodes = tl.arange(0, BLOCK_N)
+    in_tree = nodes < tree_size
+    candidates = tl.load(candidates_ptr + request * stride_candidates_b + nodes, mask=in_tree, other=-1).to(tl.int64)
+    rows = tl.load(retrive_index_ptr + request * stride_retrive_b + nodes, mask=in_tree, other=-1).to(tl.int64)
+    next_token = tl.load(next_token_ptr + request * stride_next_token_b + nodes, mask=in_tree, other=-1).to(tl.int64)
+    next_sibling = tl.load(next_sibling_ptr + request * stride_next_sibling_b + nodes, mask=in_tree,
+                           other=-1).to(tl.int64)
+    row_ok = in_tree & (rows >= 0) & (rows < num_rows)
+    safe_rows = tl.where(row_ok, rows, 0)
+    targets = tl.load(target_predict_ptr + (safe_rows // tree_size) * stride_target_b + safe_rows % tree_size,
+                      mask=row_ok, other=-1).to(tl.int64)
+
+    position = tl.where(nodes == 0, 0, -1)  # each node's place on the path; the root is always on it
+    num_accepted = tl.zeros([], tl.int32)
+    token = tl.sum(tl.where(nodes == 0, targets, 0))
+    link = tl.sum(tl.where(nodes == 0, next_token, 0))
+    slot = tl.where((link > 0) & (link < tree_size), link, -1)
+    while (slot >= 0) & (num_accepted < width - 1):
+        at = nodes == slot
+        hit = (token >= 0) & (tl.sum(tl.where(at, candidates, 0)) == token)
+        num_accepted += hit.to(tl.int32)
+        position = tl.where(at & hit, num_accepted, position)
+        token = tl.where(hit, tl.sum(tl.where(at, targets, 0)), token)
+        link = tl.where(hit, tl.sum(tl.where(at, next_token, 0)), tl.sum(tl.where(at, next_sibling, 0)))
+        slot = tl.where((link > slot) & (link < tree_size), link, -1)
+
+    on_path = position >= 0
+    writes = on_path & row_ok
+    tl.store(predicts_ptr + safe_rows, targets.to(tl.int32), mask=writes)
+    columns = tl.arange(0, BLOCK_W)
+    accept_row = accept_index_ptr + request * stride_accept_index_b
+    tl.store(accept_row + columns, tl.full([BLOCK_W], -1, tl.int32), mask=(columns < width) & (columns > num_accepted))
+    tl.store(accept_row + tl.where(on_path, position, 0), rows.to(tl.int32), mask=on_path)
+    tl.store(accept_token_num_ptr + request, num_accepted)

@@ -331,3 +331,14 @@ def fresh_seed(op_name: str, device: torch.device) -> int:
     if buffer is None:
         buffer = _seed_buffers.value = torch.empty((), dtype=torch.int64, device="cpu")
     return buffer.random_(_FRESH_SEED_BOUND).item()
+
+
+def device_seeds(shape, device, generator=None) -> torch.Tensor:
+    """Fresh 63-bit int64 seeds drawn on ``device`` by ``generator`` (default: the device's own).
+
+    The adapters' seeds, for engines that hand the op no seed: a device draw
+    needs no host read, and under CUDA-graph capture torch advances the
+    captured generator's offset at every replay, so each replay draws anew.
+    """
+    return torch.randint(_FRESH_SEED_BOUND, shape, dtype=torch.int64, device=device, generator=generator)
+

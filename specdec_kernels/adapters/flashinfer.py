@@ -81,7 +81,6 @@ from ..ops.chain_verify import chain_verify
 from ..reference import _sampling
 
 OP_NAME = "flashinfer.chain_speculative_sampling"
-_SEED_BOUND = 2**63 - 1  # the 63-bit seeds of chain_verify's seed=None
 
 
 def chain_speculative_sampling(
@@ -228,11 +227,11 @@ def _random_state(check, seed, offset, generator, batch_size, device):
         if not isinstance(generator, torch.Generator):
             check.fail(f"`generator` must be a torch.Generator or None; got {type(generator).__name__}", TypeError)
         if generator.device.type == "cpu":  # a host draw: no device is touched
-            return int(torch.randint(_SEED_BOUND, (), generator=generator, dtype=torch.int64)), 0
+            return int(_validation.device_seeds((), "cpu", generator)), 0
         if generator.device != device:
             check.fail(f"`generator` must be on the CPU or on the tensors' device {device}; got one on "
                        f"{generator.device}")
-        drawn = torch.randint(_SEED_BOUND, (1,), generator=generator, device=device, dtype=torch.int64)
+        drawn = _validation.device_seeds((1,), device, generator)
         return _per_request(drawn, 0, batch_size)
     if isinstance(seed, torch.Tensor) != isinstance(offset, torch.Tensor):
         check.fail(f"`seed` and `offset` must both be tensors or both be ints; got {type(seed).__name__} and "

@@ -47,12 +47,13 @@ import operator
 import torch
 
 from .. import _backend, _validation
-from ..launchers.eagle_layout import rounds, triton_eagle_outputs, triton_eagle_parents
+from ..launchers.eagle_layout import triton_eagle_greedy, triton_eagle_outputs, triton_eagle_parents
 from ..ops.build_tree import build_tree
 from ..ops.tree_verify import tree_verify
+from .eagle_layout import (LINKS, check_outputs, greedy_path, limit_depth, parents_from_links, sglang_outputs,
+                           validate_layout)
 
 OP_NAME = "sglang.eagle_tree_verify"
-LINKS = ("retrive_next_token", "retrive_next_sibling")
 
 
 def eagle_tree_verify(
@@ -196,10 +197,10 @@ def eagle_tree_verify(
         spec_steps = operator.index(spec_steps)
         if spec_steps < 0:
             check.fail(f"`spec_steps` must be an int >= 0; got {spec_steps}")
-    _check_outputs(check, predicts, accept_index, accept_token_num, batch_size, tree_size, spec_steps)
+    check_outputs(check, predicts, accept_index, accept_token_num, batch_size, tree_size, spec_steps)
     if validate:
         depth = build_tree(parents_from_links(retrive_next_token, retrive_next_sibling), backend=backend).depth
-        _validate_layout(check, retrive_index, retrive_next_token, retrive_next_sibling, depth, spec_steps)
+        validate_layout(check, retrive_index, retrive_next_token, retrive_next_sibling, depth, spec_steps)
 
     device = candidates.device
     kernels = _backend.resolve("tree_verify", backend, device) != "reference" and _backend.triton_runs_on(device)
@@ -225,159 +226,165 @@ def eagle_tree_verify(
         triton_eagle_outputs(accepted_nodes, output_token_ids, num_accepted, retrive_index, predicts, accept_index,
                              accept_token_num, in_place)
     else:
-        predicts = _sglang_outputs(accepted_nodes, output_token_ids, num_accepted, retrive_index, predicts,
+        predicts = sglang_outputs(accepted_nodes, output_token_ids, num_accepted, retrive_index, predicts,
                                    accept_index, accept_token_num)
     return predicts, accept_index, accept_token_num
 
 
-def _check_outputs(check, predicts, accept_index, accept_token_num, batch_size, tree_size, spec_steps):
-    """The caller's output buffers: SGLang's shapes, int32, on the device, unit last stride (kernels write rows)."""
-    num_rows = batch_size * tree_size
-    if predicts is not None:
-        if isinstance(predicts, torch.Tensor) and predicts.dim() == 1 and predicts.shape[0] == num_rows:
-            check.tensor("predicts", predicts, (num_rows,), (torch.int32,), "[B * N]")
-        else:
-            check.tensor("predicts", predicts, (num_rows + 1,), (torch.int32,), "[B * N + 1]")
-    check.optional_tensor("accept_index", accept_index, (batch_size, spec_steps + 1), (torch.int32,),
-                          "[B, spec_steps + 1]")
-    check.optional_tensor("accept_token_num", accept_token_num, (batch_size,), (torch.int32,), "[B]")
-    for name, value in (("predicts", predicts), ("accept_index", accept_index),
-                        ("accept_token_num", accept_token_num)):
-        if value is not None and value.numel() > 0 and value.stride(-1) != 1:
-            check.fail(f"`{name}` must have a unit last stride (it is written in place); got strides "
-                       f"{list(value.stride())}")
 
 
-def parents_from_links(retrive_next_token, retrive_next_sibling):
-    """``parents [B, N]`` of trees given as first-child / next-sibling lists, on the device.
 
-    A node's parent is the node whose first child heads its list of
-    siblings. Each node finds its list's head by pointer doubling over the
-    previous-sibling links (``ceil(log2 N)`` gathers, no host read).
-    ``parents[b, 0] == -1``; a node no list reaches gets ``-1``.
+def tree_speculative_sampling_target_only(
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    retrive_index=None,
+    retrive_next_token=None,
+    retrive_next_sibling=None,
+    uniform_samples=None,
+    uniform_samples_for_final_sampling=None,
+    target_probs=None,
+    draft_probs=None,
+    threshold_single=1.0,
+    threshold_acc=1.0,
+    deterministic=True,
+    *,
+    retrieve_index=None,
+    retrieve_next_token=None,
+    retrieve_next_sibling=None,
+    backend="auto",
+):
+    """sgl-kernel's ``tree_speculative_sampling_target_only``, exact, outputs written in place.
 
-    A link that is not a slot in ``[1, N)`` is no link (the root is never a
-    child or a sibling). In a malformed layout where several nodes link to
-    the same slot, the smallest of them counts, so the outcome is defined on
-    every device.
+    Called as SGLang's ``EagleVerifyInput.verify`` calls sgl-kernel's
+    function, by position or by its keywords (the links spelled
+    ``retrive_*`` as sgl-kernel's signature has them, or ``retrieve_*`` as
+    newer SGLang does). ``target_probs [B, N, V]`` is the law SGLang
+    computed (temperature, top-k/top-p and softmax applied), used as given;
+    ``draft_probs [B, N, V]`` is SGLang's (all zeros: the candidates are
+    deterministic, the target-only rule). The verification is
+    :func:`eagle_tree_verify`'s: exact, the path at most
+    ``accept_index.shape[1] - 1`` drafts deep, ``predicts``,
+    ``accept_index`` and ``accept_token_num`` written as sgl-kernel writes
+    them.
 
-    Shape:
-        - retrive_next_token, retrive_next_sibling: ``[B, N]`` (int32 or int64)
-        - returns: ``[B, N]``, int32
+    The random numbers are the package's, not SGLang's: ``uniform_samples
+    [B, N]`` and ``uniform_samples_for_final_sampling [B]`` are checked for
+    shape but not read. Each request gets a fresh 63-bit seed drawn on the
+    device from its default generator (``torch.manual_seed`` repeats a call,
+    and a captured graph draws anew at each replay, as SGLang's
+    ``torch.rand`` coins do).
 
-    Examples
-    --------
-    >>> next_token = torch.tensor([[1, 3, -1, -1]])
-    >>> next_sibling = torch.tensor([[-1, 2, -1, -1]])
-    >>> parents_from_links(next_token, next_sibling).tolist()
-    [[-1, 0, 0, 1]]
+    ``threshold_single`` and ``threshold_acc`` other than 1 are SGLang's
+    relaxed acceptance, which does not keep the target's law: they raise
+    ``ValueError``. ``deterministic`` is accepted for the signature (the
+    sampling is always deterministic). Returns ``None``, as sgl-kernel does.
     """
-    batch_size, tree_size = retrive_next_token.shape
-    nodes = torch.arange(tree_size, device=retrive_next_token.device).expand(batch_size, tree_size)
-    parent_of_first_child = _smallest_source(retrive_next_token, nodes)
-    previous_sibling = _smallest_source(retrive_next_sibling, nodes)
-    # head[i] walks back 2**k siblings per round; a list holds at most N - 1
-    # nodes, so ceil(log2 N) rounds reach every head.
-    head = torch.where(previous_sibling < tree_size, previous_sibling, nodes)
-    for _ in range(rounds(tree_size)):
-        head = head.gather(1, head)
-    parents = parent_of_first_child.gather(1, head)
-    return torch.where((parents < tree_size) & (nodes > 0), parents, -1).to(torch.int32)
+    check = _validation.Checker("sglang.tree_speculative_sampling_target_only", _device_of(candidates))
+    links = _links(check, retrive_index, retrive_next_token, retrive_next_sibling, retrieve_index,
+                   retrieve_next_token, retrieve_next_sibling)
+    for name, value in (("uniform_samples", uniform_samples),
+                        ("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling),
+                        ("target_probs", target_probs), ("draft_probs", draft_probs)):
+        if value is None:
+            check.fail(f"missing argument `{name}`", TypeError)
+    for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        if value != 1.0:
+            check.fail(f"`{name}` must be 1.0: other values are SGLang's relaxed acceptance, which does not keep "
+                       f"the target's law; got {value!r}")
+    if not isinstance(deterministic, bool):
+        check.fail(f"`deterministic` must be a bool; got {type(deterministic).__name__}", TypeError)
+    batch_size, tree_size = check.tensor("candidates", candidates, (None, None), _validation.TOKEN_DTYPES,
+                                         "[B, N]").shape
+    spec_steps = _accept_width(check, accept_index, batch_size) - 1
+    check.tensor("uniform_samples", uniform_samples, (batch_size, tree_size), _validation.FLOAT_DTYPES, "[B, N]",
+                 sizes_from="candidates")
+    check.tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (batch_size,),
+                 _validation.FLOAT_DTYPES, "[B]", sizes_from="candidates")
+    eagle_tree_verify(
+        candidates, *links, target_probs, draft_probs, spec_steps=spec_steps,
+        seed=_validation.device_seeds((batch_size,), candidates.device), predicts=predicts,
+        accept_index=accept_index, accept_token_num=accept_token_num, backend=backend)
 
 
-def _smallest_source(links, nodes):
-    """For each slot, the smallest node whose link points at it; ``N`` where none does."""
-    batch_size, tree_size = links.shape
-    targets = torch.where((links > 0) & (links < tree_size), links.to(torch.int64), tree_size)
-    sources = torch.full((batch_size, tree_size + 1), tree_size, dtype=torch.int64, device=links.device)
-    # Column N collects the non-links; amin makes repeated links deterministic.
-    sources.scatter_reduce_(1, targets, nodes, "amin")
-    return sources[:, :tree_size]
+def verify_tree_greedy(
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    retrive_index=None,
+    retrive_next_token=None,
+    retrive_next_sibling=None,
+    target_predict=None,
+    *,
+    retrieve_index=None,
+    retrieve_next_token=None,
+    retrieve_next_sibling=None,
+    backend="auto",
+):
+    """sgl-kernel's ``verify_tree_greedy``: the greedy walk from the target's argmax ids, in place, one launch.
 
+    Called as SGLang calls sgl-kernel's function (the links spelled either
+    way, as :func:`tree_speculative_sampling_target_only` takes them).
+    ``target_predict [B, N]`` holds the target's argmax after each node,
+    read at each node's row of ``retrive_index`` as sgl-kernel reads it.
+    From the root the walk accepts the first child, in sibling order, whose
+    candidate is the target's token after the last accepted node, at most
+    ``accept_index.shape[1] - 1`` times. ``predicts`` gets the target's
+    token at each path node's row (rows outside ``[0, B * N)`` are left
+    out), ``accept_index`` the path's rows then ``-1`` (every column, so a
+    ``torch.empty`` one works), ``accept_token_num`` the accepted drafts.
 
-def limit_depth(parents, spec_steps, backend="auto"):
-    """``parents`` with the nodes deeper than ``spec_steps`` unlinked (``-1``), on the device.
-
-    Unlinking them makes their parents leaves of the tree ``tree_verify``
-    sees (it never visits a node whose parent is -1): the path stops there
-    and the target's row is sampled, as in SGLang's kernels, which stop after
-    ``spec_steps`` acceptances. The depth is ``build_tree``'s (``-1`` off the
-    tree, so those nodes keep their parent); the Triton kernel
-    (``kernels/eagle_layout.py``) computes the same in its launch.
+    A link counts only when it points at a later slot of the request (as in
+    every tree SGLang builds): the walk ends within ``N - 1`` steps whatever
+    the links hold, and a malformed layout gives the walk over the links
+    that count. On the Triton and CUDA backends: one Triton launch, no host
+    read; on the reference, torch ops. Returns ``None``, as sgl-kernel does.
     """
-    if spec_steps >= parents.shape[1] - 1:
-        return parents
-    return torch.where(build_tree(parents, backend=backend).depth > spec_steps, -1, parents)
+    check = _validation.Checker("sglang.verify_tree_greedy", _device_of(candidates))
+    links = _links(check, retrive_index, retrive_next_token, retrive_next_sibling, retrieve_index,
+                   retrieve_next_token, retrieve_next_sibling)
+    if target_predict is None:
+        check.fail("missing argument `target_predict`", TypeError)
+    batch_size, tree_size = check.tensor("candidates", candidates, (None, None), _validation.TOKEN_DTYPES,
+                                         "[B, N]").shape
+    for name, value in zip(("retrive_index", *LINKS, "target_predict"), (*links, target_predict)):
+        check.tensor(name, value, (batch_size, tree_size), _validation.TOKEN_DTYPES, "[B, N]",
+                     sizes_from="candidates")
+    width = _accept_width(check, accept_index, batch_size)
+    check_outputs(check, predicts, accept_index, accept_token_num, batch_size, tree_size, width - 1)
+    if predicts is None or accept_token_num is None:
+        check.fail("`predicts` and `accept_token_num` are written in place: give both", TypeError)
+    device = candidates.device
+    if _backend.resolve("tree_verify", backend, device) != "reference" and _backend.triton_runs_on(device):
+        triton_eagle_greedy(candidates, *links, target_predict, predicts, accept_index, accept_token_num)
+        return
+    path, tokens, num_accepted = greedy_path(candidates, *links, target_predict, width)
+    sglang_outputs(path, tokens, num_accepted, links[0], predicts, accept_index, accept_token_num)
 
 
-def _sglang_outputs(accepted_nodes, output_token_ids, num_accepted, retrive_index, predicts, accept_index,
-                    accept_token_num):
-    """Torch twin of ``_eagle_outputs_kernel``: writes ``accept_index`` and ``accept_token_num``, returns
-    ``predicts`` (the given one, written in place, or a new ``[B * N + 1]`` one)."""
-    batch_size, tree_size = accepted_nodes.shape
-    width = accept_index.shape[1]
-    # The path has at most spec_steps + 1 nodes (deeper nodes were unlinked).
-    path = _columns(accepted_nodes, width)
-    tokens = _columns(output_token_ids, width)
-    on_path = path >= 0
-    rows = retrive_index.to(torch.int64).gather(1, path.clamp_min(0).to(torch.int64))
-    accept_index.copy_(torch.where(on_path, rows, -1))
-    accept_token_num.copy_(num_accepted)
-
-    num_rows = batch_size * tree_size
-    # Row num_rows is SGLang's spare row (left -1); row num_rows + 1 takes every entry not on the path or
-    # outside [0, B*N), and is dropped.
-    slots = torch.where(on_path & (rows >= 0) & (rows < num_rows), rows, num_rows + 1).flatten()
-    largest = torch.full((num_rows + 2,), -1, dtype=torch.int32, device=accepted_nodes.device)
-    largest.scatter_reduce_(0, slots, tokens.flatten(), "amax")
-    if predicts is None:
-        return largest[:num_rows + 1]
-    # Only the path's rows change; a row written twice gets the same (largest) value both times.
-    sink = torch.cat([predicts[:num_rows], predicts.new_empty(2)])
-    sink.scatter_(0, slots, largest.gather(0, slots))
-    predicts[:num_rows].copy_(sink[:num_rows])
-    return predicts
+def _device_of(value):
+    return value.device if isinstance(value, torch.Tensor) else torch.device("cpu")
 
 
-def _columns(values, width):
-    """The first ``width`` columns of ``values`` [B, N], padded with -1 when ``width > N``."""
-    if width <= values.shape[1]:
-        return values[:, :width]
-    return torch.nn.functional.pad(values, (0, width - values.shape[1]), value=-1)
+def _links(check, *spellings):
+    """``(retrive_index, retrive_next_token, retrive_next_sibling)``, each given under one of its two names."""
+    old, new = spellings[:3], spellings[3:]
+    chosen = []
+    for name, first, second in zip(("retrive_index", *LINKS), old, new):
+        if (first is None) == (second is None):
+            spelled = name.replace("retrive", "retrieve")
+            check.fail(f"give `{name}` (sgl-kernel's name) or `{spelled}` (newer SGLang's), once; got "
+                       f"{'both' if first is not None else 'neither'}", TypeError)
+        chosen.append(second if first is None else first)
+    return chosen
 
 
-def _validate_layout(check, retrive_index, retrive_next_token, retrive_next_sibling, depth, spec_steps):
-    """``validate=True``: the layout's rules, on the host; ``check.fail`` names the first break."""
-    batch_size, tree_size = retrive_next_token.shape
-    nodes = torch.arange(tree_size, device=retrive_next_token.device).view(1, -1)
-    for name, links in zip(LINKS, (retrive_next_token, retrive_next_sibling)):
-        bad = (links != -1) & ((links <= nodes) | (links >= tree_size))
-        if bool(bad.any()):
-            request, node = (int(i) for i in bad.nonzero()[0])
-            check.fail(f"`{name}` must hold -1 or a later slot of the same request (i < link < N = {tree_size}); "
-                       f"request {request} node {node} has {int(links[request, node])}")
-    if tree_size > 0 and bool((retrive_next_sibling[:, 0] != -1).any()):
-        request = int((retrive_next_sibling[:, 0] != -1).nonzero()[0, 0])
-        check.fail(f"`retrive_next_sibling` must be -1 at the root (slot 0); request {request} has "
-                   f"{int(retrive_next_sibling[request, 0])}")
-    incoming = torch.zeros((batch_size, tree_size + 1), dtype=torch.int64, device=nodes.device)
-    for links in (retrive_next_token, retrive_next_sibling):
-        incoming.scatter_add_(1, torch.where(links >= 0, links.to(torch.int64), tree_size),
-                              torch.ones_like(links, dtype=torch.int64))
-    bad = (incoming[:, :tree_size] != 1) & (nodes > 0)
-    if bool(bad.any()):
-        request, node = (int(i) for i in bad.nonzero()[0])
-        check.fail(f"every node after the root must be the first child or the next sibling of exactly one node; "
-                   f"request {request} node {node} is linked from {int(incoming[request, node])}")
-    if bool((depth > spec_steps).any()):
-        request, node = (int(i) for i in (depth > spec_steps).nonzero()[0])
-        check.fail(f"the tree is deeper than `spec_steps` = {spec_steps}: request {request} node {node} is at "
-                   f"depth {int(depth[request, node])}")
-    flat = retrive_index.flatten().to(torch.int64)
-    num_rows = batch_size * tree_size
-    if bool(((flat < 0) | (flat >= num_rows)).any()):
-        position = int(((flat < 0) | (flat >= num_rows)).nonzero()[0, 0])
-        check.fail(f"`retrive_index` must lie in [0, B * N) = [0, {num_rows}); request {position // tree_size} "
-                   f"node {position % tree_size} has {int(flat[position])}")
-    if flat.numel() > 1 and bool((flat.sort().values.diff() == 0).any()):
-        check.fail("`retrive_index` must not repeat a row (each node has its own row of `predicts`)")
+def _accept_width(check, accept_index, batch_size):
+    """``spec_steps + 1``: the columns of SGLang's ``accept_index [B, spec_steps + 1]``, at least the root's."""
+    check.tensor("accept_index", accept_index, (batch_size, None), (torch.int32,), "[B, spec_steps + 1]",
+                 sizes_from="candidates")
+    if accept_index.shape[1] == 0:
+        check.fail(f"`accept_index` must have at least one column (the root's); got shape {list(accept_index.shape)}")
+    return accept_index.shape[1]

@@ -52,8 +52,6 @@ import torch
 from .. import _validation
 from ..ops.chain_verify_packed import chain_verify_packed
 
-_SEED_BOUND = 2**63 - 1  # chain_verify's 63-bit seeds
-
 
 def rejection_sample(
     draft_token_ids,
@@ -196,7 +194,7 @@ def _request_seeds(check, sampling_metadata, num_draft_tokens, batch_size, devic
 
     A request without drafts draws no random number, so its generator is left alone.
     """
-    seeds = torch.randint(_SEED_BOUND, (batch_size,), dtype=torch.int64, device=device)
+    seeds = _validation.device_seeds((batch_size,), device)
     generators = getattr(sampling_metadata, "generators", None) or {}
     if not isinstance(generators, dict):
         check.fail(f"`sampling_metadata.generators` must be a dict of batch index to torch.Generator; got "
@@ -213,6 +211,6 @@ def _request_seeds(check, sampling_metadata, num_draft_tokens, batch_size, devic
                        f"{type(generator).__name__}", TypeError)
         if counts[index] == 0:
             continue
-        drawn = torch.randint(_SEED_BOUND, (1,), dtype=torch.int64, generator=generator, device=generator.device)
+        drawn = _validation.device_seeds((1,), generator.device, generator)
         seeds[index:index + 1].copy_(drawn, non_blocking=True)
     return seeds

@@ -1,4 +1,4 @@
-"""Launchers of the SGLang adapter's two kernels (kernels/eagle_layout.py): one launch each, no host read."""
+"""Launchers of the SGLang adapters' kernels (kernels/eagle_layout.py): one launch each, no host read."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ import torch
 from ._shapes import next_power_of_2
 
 NUM_WARPS = 4
+
+
+def greedy_num_warps(block_nodes: int) -> int:
+    """Warps of the greedy walk: one up to 128 slots (a step's tile reductions are then shuffles, no barrier),
+    more for wider tiles so that each thread holds at most 4 slots of the five int64 tiles (no spills)."""
+    return min(8, max(1, block_nodes // 128))
 
 
 def rounds(tree_size: int) -> int:
@@ -66,4 +72,26 @@ def triton_eagle_outputs(accepted_nodes, output_token_ids, num_accepted, retrive
             tree_size, width, batch_size * tree_size,
             accepted_nodes.stride(0), output_token_ids.stride(0), retrive.stride(0), accept_index.stride(0),
             IN_PLACE=in_place, BLOCK_W=next_power_of_2(width), num_warps=NUM_WARPS,
+        )
+
+
+def triton_eagle_greedy(candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict,
+                        predicts, accept_index, accept_token_num):
+    """SGLang's ``verify_tree_greedy`` in one launch: writes ``predicts``' path rows, ``accept_index`` and
+    ``accept_token_num`` (all int32, in place)."""
+    from .._kernels.eagle_layout import _eagle_greedy_kernel
+
+    batch_size, tree_size = candidates.shape
+    width = accept_index.shape[1]
+    if batch_size == 0 or tree_size == 0:
+        return
+    block_nodes = next_power_of_2(tree_size)
+    inputs = [value if value.stride(-1) == 1 else value.contiguous()
+              for value in (candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict)]
+    with _device_guard(candidates.device):
+        _eagle_greedy_kernel[(batch_size,)](
+            *inputs, predicts, accept_index, accept_token_num,
+            tree_size, width, batch_size * tree_size,
+            *(value.stride(0) for value in inputs), accept_index.stride(0),
+            BLOCK_N=block_nodes, BLOCK_W=next_power_of_2(width), num_warps=greedy_num_warps(block_nodes),
         )
