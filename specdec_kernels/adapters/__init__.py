@@ -8,7 +8,8 @@ position) onto ``sk.tree_verify`` (``adapters/eagle_layout.py`` converts them).
 (signature, outputs and counters) onto ``sk.chain_verify``.
 ``sk.adapters.vllm``: vLLM V1's ``rejection_sample`` (its eight arguments,
 ``sampling_metadata`` included), and ``rejection_sample_from_logits`` with
-vLLM's temperature and truncation fused, onto ``sk.chain_verify_packed``.
+vLLM's temperature and truncation fused, and model runner V2's
+``rejection_sample_v2``, onto ``sk.chain_verify_packed``.
 """
 
 from . import flashinfer, sglang, vllm

@@ -51,6 +51,9 @@ import torch
 
 from .. import _validation
 from ..ops.chain_verify_packed import chain_verify_packed
+from .vllm_v2 import rejection_sample_v2
+
+__all__ = ["rejection_sample", "rejection_sample_from_logits", "rejection_sample_v2"]
 
 
 def rejection_sample(
