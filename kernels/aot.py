@@ -159,6 +159,15 @@ EAGLE_GREEDY_SHAPES = (
 )
 
 
+# The vLLM V2 adapter's kernels (kernels/vllm_v2.py). Preparation: (index dtype, draft logits dtype or None
+# for one-hot drafts); outputs: the output width K + 1.
+VLLM_V2_PREPARE_SHAPES = (
+    ("i32", "bf16"),
+    ("i64", "fp32"),
+    ("i32", None),
+)
+VLLM_V2_OUTPUTS_SHAPES = (5, 33)
+
 # The FlashInfer adapter's counter kernel (kernels/flashinfer_counters.py), one program per request:
 # (drafts K, token dtype, probability dtype, per-request seed and offset tensors, accumulate).
 FLASHINFER_COUNTERS_SHAPES = (
@@ -323,6 +332,44 @@ def eagle_layout_variants():
         attrs = _jit_divisibility(signature, values, _eagle_greedy_kernel)
         variants.append((f"eagle_greedy N={tree_size} W={width} ids {ids_dtype}", _eagle_greedy_kernel, signature,
                          constexprs, {"num_warps": greedy_num_warps(constexprs["BLOCK_N"])}, attrs))
+    return variants
+
+
+def vllm_v2_variants():
+    """``(name, kernel, signature, constexprs, options, attrs)`` for the vLLM V2 adapter's two kernels."""
+    from specdec_kernels.launchers._shapes import next_power_of_2
+    from specdec_kernels.launchers.vllm_v2 import BLOCK_V, NUM_WARPS
+
+    from .vllm_v2 import _vllm_v2_outputs_kernel, _vllm_v2_prepare_kernel
+
+    variants = []
+    vocab = 128256
+    for index_dtype, draft_dtype in VLLM_V2_PREPARE_SHAPES:
+        signature = {
+            **{name: f"*{index_dtype}" for name in ("cu_num_logits_ptr", "draft_sampled_ptr", "pos_ptr",
+                                                    "idx_mapping_ptr", "expanded_idx_ptr", "expanded_pos_ptr")},
+            "temperature_ptr": "*fp32", "seed_ptr": "*i64", "draft_logits_ptr": f"*{draft_dtype or 'i64'}",
+            "cu_drafts_ptr": "*i64", "draft_ids_ptr": "*i64", "draft_probs_ptr": "*fp32" if draft_dtype else "*i64",
+            "seeds_ptr": "*i64", "offsets_ptr": "*i64", "temperatures_ptr": "*fp32",
+            "num_logits": "i32", "num_states": "i32", "draft_steps": "i32", "vocab_size": "i32",
+            "stride_draft_state": "i32", "stride_draft_step": "i32", "stride_probs": "i32",
+        }
+        constexprs = {"HAS_DRAFT": draft_dtype is not None, "BLOCK_V": BLOCK_V}
+        signature.update({key: "constexpr" for key in constexprs})
+        values = {"num_logits": 320, "num_states": 256, "draft_steps": 4, "vocab_size": vocab,
+                  "stride_draft_state": 4 * vocab, "stride_draft_step": vocab, "stride_probs": vocab}
+        attrs = _jit_divisibility(signature, values, _vllm_v2_prepare_kernel)
+        variants.append((f"vllm_v2_prepare {index_dtype} draft {draft_dtype or 'one-hot'}", _vllm_v2_prepare_kernel,
+                         signature, constexprs, {"num_warps": NUM_WARPS}, attrs))
+    for width in VLLM_V2_OUTPUTS_SHAPES:
+        signature = {"tokens_ptr": "*i32", "num_accepted_ptr": "*i32", "sampled_ptr": "*i64",
+                     "num_sampled_ptr": "*i32", "width": "i32", "stride_tokens": "i32", "stride_sampled": "i32"}
+        constexprs = {"BLOCK_W": next_power_of_2(width)}
+        signature.update({key: "constexpr" for key in constexprs})
+        attrs = _jit_divisibility(signature, {"width": width, "stride_tokens": width, "stride_sampled": width},
+                                  _vllm_v2_outputs_kernel)
+        variants.append((f"vllm_v2_outputs W={width}", _vllm_v2_outputs_kernel, signature, constexprs,
+                         {"num_warps": 1}, attrs))
     return variants
 
 
@@ -532,8 +579,8 @@ def all_variants():
     """Every compiled variant of every Triton kernel (``options``: a dict, or a function of the target's
     capability)."""
     return (chain_verify_variants() + tree_verify_variants() + build_tree_variants() + compact_kv_variants()
-            + tree_attention_variants() + eagle_layout_variants() + flashinfer_counters_variants()
-            + fault_counters_variants())
+            + tree_attention_variants() + eagle_layout_variants() + vllm_v2_variants()
+            + flashinfer_counters_variants() + fault_counters_variants())
 
 
 def _ptxas_path(capability: int) -> str:

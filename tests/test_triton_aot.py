@@ -30,13 +30,14 @@ def test_kernels_compile_for_gpus_without_spills():
     from specdec_kernels._kernels.aot import (BUILD_TREE_SHAPES, CHAIN_VERIFY_SAMPLING_SHAPES, CHAIN_VERIFY_SHAPES,
                                               COMPACT_KV_SHAPES, EAGLE_GREEDY_SHAPES, EAGLE_OUTPUTS_SHAPES,
                                               EAGLE_PARENTS_SHAPES, FLASHINFER_COUNTERS_SHAPES, TARGETS,
+                                              VLLM_V2_OUTPUTS_SHAPES, VLLM_V2_PREPARE_SHAPES,
                                               TREE_VERIFY_SAMPLING_SHAPES, TREE_VERIFY_SHAPES,
                                               fault_counters_variants, tree_attention_variants)
 
     lines = [line for line in result.stdout.splitlines() if "registers" in line]
     shapes = (CHAIN_VERIFY_SHAPES, CHAIN_VERIFY_SAMPLING_SHAPES, TREE_VERIFY_SHAPES, TREE_VERIFY_SAMPLING_SHAPES,
               BUILD_TREE_SHAPES, COMPACT_KV_SHAPES, EAGLE_PARENTS_SHAPES, EAGLE_OUTPUTS_SHAPES, EAGLE_GREEDY_SHAPES,
-              FLASHINFER_COUNTERS_SHAPES)
+              VLLM_V2_PREPARE_SHAPES, VLLM_V2_OUTPUTS_SHAPES, FLASHINFER_COUNTERS_SHAPES)
     # tree_attention compiles its merge kernel too for the shapes that split.
     variants = sum(map(len, shapes)) + len(tree_attention_variants()) + len(fault_counters_variants())
     assert len(lines) == variants * len(TARGETS)

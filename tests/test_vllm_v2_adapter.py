@@ -215,3 +215,46 @@ def test_refusals_and_errors_name_the_argument():
         call(target, torch.zeros(3, 1, VOCAB), draft_sampled, inputs, 1)
     sampled, num_sampled = call(target, None, draft_sampled, inputs, 1, use_fp64=True)  # accepted, no effect
     assert sampled.shape == (1, 2) and num_sampled.shape == (1,)
+
+
+def test_triton_path_is_three_launches():
+    """On the Triton backend: the preparation, the verification and vLLM's outputs, each one launch (the
+    torch path issues about 30 ops)."""
+    from conftest import backend_or_skip
+    from op_recording import recorded_ops
+    from specdec_kernels.adapters import vllm_v2
+
+    backend_or_skip("chain_verify_packed", "triton", "cpu")
+    generator = torch.Generator().manual_seed(61)
+    target, draft_logits, draft_sampled = random_step(generator, [3, 1], 3, [0, 1])
+    inputs = [t.cpu() for t in rejection_inputs([0, 4, 6], [1.0, 1.0], seeds=[1, 2])]
+    cu_num_logits, pos, idx_mapping, expanded_idx, expanded_pos, temperature, seed = inputs
+    with recorded_ops(vllm_v2, ["triton_vllm_v2_prepare", "triton_vllm_v2_outputs"]) as seen:
+        vllm_v2.rejection_sample_v2(target, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
+                                    expanded_idx, expanded_pos, temperature, seed, 3, backend="triton")
+    launches = [op for op in seen if op not in ("aten.slice", "aten.alias", "aten.empty")]  # views, allocations
+    assert launches == ["triton_vllm_v2_prepare", "specdec.chain_verify_packed", "triton_vllm_v2_outputs"]
+
+
+def test_the_preparation_kernel_equals_its_torch_twin():
+    """Ids, counts, seeds, offsets and temperatures bit for bit; the draft softmax within float32 rounding
+    (each path rounds its own exp and sum)."""
+    from conftest import backend_or_skip
+    from specdec_kernels.adapters.vllm_v2 import _torch_prepare
+    from specdec_kernels.launchers.vllm_v2 import triton_vllm_v2_prepare
+
+    backend_or_skip("chain_verify_packed", "triton")
+    generator = torch.Generator().manual_seed(71)
+    counts, states = [4, 0, 2, 1], [3, 0, 6, 5]
+    target, draft_logits, draft_sampled = random_step(generator, counts, 4, states, vocab_size=2500)
+    cu = [0] + torch.tensor([count + 1 for count in counts]).cumsum(0).tolist()
+    cu_num_logits, pos, idx_mapping, expanded_idx, expanded_pos, temperature, seed = rejection_inputs(
+        cu, [0.0, 1.0, 0.5, 2.0], seeds=[9, 8, 7, 6], states=states, first_position=7)
+    arguments = (cu_num_logits, draft_sampled.to(DEVICE), pos, idx_mapping, expanded_idx, expanded_pos, temperature,
+                 seed, draft_logits.to(DEVICE), 2500, 4)
+    kernel, twin = triton_vllm_v2_prepare(*arguments), _torch_prepare(*arguments)
+    for name, a, b in zip(("cu", "ids", "draft", "seed", "offset", "temperature"), kernel, twin):
+        if name == "draft":
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+        else:
+            assert torch.equal(a.cpu(), b.cpu().to(a.dtype)), name

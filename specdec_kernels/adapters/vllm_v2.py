@@ -26,19 +26,23 @@ Indices are read on the device: a value out of range (a malformed
 ``cu_num_logits`` or mapping) reads the nearest row or state, never outside
 a tensor.
 
-Cost: one ``chain_verify_packed`` launch, a softmax over the request's draft
-rows (gathered by ``idx_mapping``) when ``draft_logits`` is given, and small
-torch index ops on ``[B]`` and ``[L - B]`` tensors (about 30 launches in
-all, counted by tests/test_vllm_v2_adapter.py; the contract's target is one
-beside the verification, which needs a fused preparation kernel: not done
-yet); no host read.
+Launches on the Triton and CUDA backends: three, no host read. One
+prepares the op's inputs (``kernels/vllm_v2.py``: the drafts' ids and,
+from ``draft_logits``, their probabilities, each request's seed, offset and
+temperature), then ``chain_verify_packed``'s, then one writes vLLM's
+``sampled`` (int64) and ``num_sampled``. (The contract's target is one
+beside the verification: the op writing vLLM's outputs itself would save
+the last.) On the reference backend the same steps are torch ops. The draft
+softmax is float32 on both paths, each with its own rounding, as the ops'
+``logits=True`` rows are.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import _validation
+from .. import _backend, _validation
+from ..launchers.vllm_v2 import triton_vllm_v2_outputs, triton_vllm_v2_prepare
 from ..ops.chain_verify_packed import chain_verify_packed
 
 OP_NAME = "vllm.rejection_sample_v2"
@@ -136,11 +140,31 @@ def rejection_sample_v2(
         check.fail("`temperature` and `seed` must have a state for the requests (R >= 1); got R = 0")
 
     device = target_logits.device
+    inputs = (cu_num_logits, draft_sampled, pos, idx_mapping, expanded_idx_mapping, expanded_local_pos, temperature,
+              seed, draft_logits, vocab_size, int(num_speculative_steps))
+    kernels = _backend.resolve("chain_verify_packed", backend, device) != "reference" \
+        and _backend.triton_runs_on(device)
+    prepare = triton_vllm_v2_prepare if kernels else _torch_prepare
+    cu_drafts, draft_token_ids, draft, seeds, offsets, temperatures = prepare(*inputs)
+    tokens, num_accepted = chain_verify_packed(
+        draft_token_ids, cu_drafts, target_logits[:, :vocab_size], draft,
+        max_num_draft_tokens=int(num_speculative_steps), temperature=temperatures, logits=True, seed=seeds,
+        offset=offsets, backend=backend)
+    if kernels:
+        return triton_vllm_v2_outputs(tokens, num_accepted)
+    return tokens.to(torch.int64), num_accepted + 1
+
+
+def _torch_prepare(cu_num_logits, draft_sampled, pos, idx_mapping, expanded_idx_mapping, expanded_local_pos,
+                   temperature, seed, draft_logits, vocab_size, max_drafts):
+    """Torch twin of ``_vllm_v2_prepare_kernel``: ``chain_verify_packed``'s per-request inputs, on the device."""
+    device = draft_sampled.device
+    batch_size = cu_num_logits.shape[0] - 1
+    num_logits, num_states = draft_sampled.shape[0], temperature.shape[0]
     cu_logits = cu_num_logits.to(torch.int64)
     cu_drafts = cu_logits - torch.arange(batch_size + 1, device=device)
     # Draft t of the packed layout sits at logits row t + (its request's index): the rows but each bonus row.
-    num_drafts = num_logits - batch_size
-    drafts = torch.arange(num_drafts, device=device)
+    drafts = torch.arange(num_logits - batch_size, device=device)
     draft_rows = drafts + torch.searchsorted(cu_drafts[1:], drafts, right=True)
     draft_token_ids = draft_sampled.to(torch.int64)[_clamped(draft_rows + 1, num_logits)]
     draft = None
@@ -149,17 +173,8 @@ def rejection_sample_v2(
                               _clamped(expanded_local_pos[draft_rows], draft_logits.shape[1]), :vocab_size]
         draft = torch.softmax(chosen.to(torch.float32), -1)
     states = _clamped(idx_mapping, num_states)
-    tokens, num_accepted = chain_verify_packed(
-        draft_token_ids, cu_drafts, target_logits[:, :vocab_size], draft,
-        max_num_draft_tokens=int(num_speculative_steps),
-        temperature=torch.where(temperature[states] == 0, 0.0, 1.0),
-        logits=True,
-        seed=seed[states],
-        offset=pos.to(torch.int64)[_clamped(cu_logits[:-1], num_logits)],
-        backend=backend,
-    )
-    return tokens.to(torch.int64), num_accepted + 1
-
+    return (cu_drafts, draft_token_ids, draft, seed[states], pos.to(torch.int64)[_clamped(cu_logits[:-1], num_logits)],
+            torch.where(temperature[states] == 0, 0.0, 1.0))
 
 def _clamped(index, size):
     """``index`` as int64 within ``[0, size)``: a value vLLM never passes (a malformed ``cu_num_logits`` or

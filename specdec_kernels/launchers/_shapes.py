@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -13,6 +14,11 @@ def next_power_of_2(value: int) -> int:
 
 def cdiv(numerator: int, denominator: int) -> int:
     return -(-numerator // denominator)
+
+
+def device_guard(device: torch.device):
+    """Triton launches on the current CUDA device: a context that makes it ``device`` (nothing on the CPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def unit_last_stride(tensor):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
 
-from ._shapes import cdiv, next_power_of_2
+from ._shapes import cdiv, device_guard, next_power_of_2
 
 # A program's tile is BLOCK_NODES x BLOCK_WORDS int32 words: at most 1024,
 # 8 per thread of 4 warps. N <= 64 (the EAGLE range) is one program per
@@ -50,8 +49,7 @@ def triton_build_tree(parents, num_nodes, prefix_lens):
         return mask, depth, positions
     config = launch_config(max_nodes, interpreter=device.type != "cuda")
     placeholder = parents
-    # Triton launches on the current device: make it the tensors' device.
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    guard = device_guard(device)
     with guard:
         _build_tree_kernel[(batch_size, config.node_blocks)](
             parents, placeholder if num_nodes is None else num_nodes,

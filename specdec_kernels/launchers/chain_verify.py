@@ -3,7 +3,6 @@ the CUDA extension. Both layouts run the same kernels; only how a request's rows
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
@@ -12,7 +11,7 @@ from .. import _faults, _workspace
 from .._verify_options import VerifyOptions
 from ._options import split_words  # noqa: F401 (the seed words' rule, as tests/ import it from here)
 from ._options import triton_arguments, triton_flags
-from ._shapes import cdiv, next_power_of_2, older_triton, unit_last_stride
+from ._shapes import cdiv, device_guard, next_power_of_2, older_triton, unit_last_stride
 from ._shapes import multiprocessor_count as _multiprocessor_count  # a module name: tests patch it
 
 CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py); a program's slice is whole chunks
@@ -267,8 +266,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     plan = chain_plan(batch_size, rows_per_request, vocab_size, multiprocessors, limits, logits, truncate)
     config = plan.config
     row_blocks = cdiv(batch_size, config.rows)
-    # Triton launches on the current device: make it the tensors' device.
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    guard = device_guard(device)
     with guard:
         scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, rows_per_request, vocab_size,
                                                                     logits, device, truncate))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
 
-from ._shapes import cdiv, next_power_of_2
+from ._shapes import cdiv, device_guard, next_power_of_2
 
 # A program holds a [BLOCK_N, BLOCK_F] tile of one cache (BLOCK_N the path
 # width): 1024 elements, 4 per thread of 8 warps, with their 64-bit
@@ -51,8 +50,7 @@ def triton_compact_kv(k_cache, v_cache, block_tables, prefix_lens, accepted_node
     k_bits, v_bits = k_cache.view(as_int), v_cache.view(as_int)
     device = k_cache.device
     config = launch_config(path_width, num_features, interpreter=device.type != "cuda")
-    # Triton launches on the current device: make it the tensors' device.
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    guard = device_guard(device)
     with guard:
         _compact_kv_kernel[(batch_size, config.feature_blocks)](
             k_bits, v_bits, block_tables, prefix_lens, accepted_nodes,

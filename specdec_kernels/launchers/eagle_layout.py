@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from ._shapes import next_power_of_2
+from ._shapes import device_guard, next_power_of_2
 
 NUM_WARPS = 4
 
@@ -21,10 +19,6 @@ def rounds(tree_size: int) -> int:
     """Pointer-jumping rounds that reach the end of any chain of ``N`` slots: ``ceil(log2 N)``."""
     return max(tree_size - 1, 0).bit_length()
 
-
-def _device_guard(device):
-    # Triton launches on the current device: make it the tensors' device.
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def triton_eagle_parents(retrive_next_token, retrive_next_sibling, spec_steps, predicts=None):
@@ -45,7 +39,7 @@ def triton_eagle_parents(retrive_next_token, retrive_next_sibling, spec_steps, p
     scratch = torch.empty((batch_size, 3, tree_size), dtype=torch.int32, device=device)
     next_token, next_sibling = (links if links.stride(-1) == 1 else links.contiguous()
                                 for links in (retrive_next_token, retrive_next_sibling))
-    with _device_guard(device):
+    with device_guard(device):
         _eagle_parents_kernel[(batch_size,)](
             next_token, next_sibling, parents, scratch, parents if predicts is None else predicts,
             tree_size, spec_steps, 0 if predicts is None else predicts.shape[0],
@@ -66,7 +60,7 @@ def triton_eagle_outputs(accepted_nodes, output_token_ids, num_accepted, retrive
     if batch_size == 0:
         return
     retrive = retrive_index if retrive_index.stride(-1) == 1 else retrive_index.contiguous()
-    with _device_guard(accepted_nodes.device):
+    with device_guard(accepted_nodes.device):
         _eagle_outputs_kernel[(batch_size,)](
             accepted_nodes, output_token_ids, num_accepted, retrive, predicts, accept_index, accept_token_num,
             tree_size, width, batch_size * tree_size,
@@ -88,7 +82,7 @@ def triton_eagle_greedy(candidates, retrive_index, retrive_next_token, retrive_n
     block_nodes = next_power_of_2(tree_size)
     inputs = [value if value.stride(-1) == 1 else value.contiguous()
               for value in (candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict)]
-    with _device_guard(candidates.device):
+    with device_guard(candidates.device):
         _eagle_greedy_kernel[(batch_size,)](
             *inputs, predicts, accept_index, accept_token_num,
             tree_size, width, batch_size * tree_size,

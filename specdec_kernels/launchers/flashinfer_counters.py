@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-
-import torch
-
-from ._shapes import next_power_of_2, unit_last_stride
+from ._shapes import device_guard, next_power_of_2, unit_last_stride
 from ._options import split_words
 
 NUM_WARPS = 1  # K <= a few dozen values per request: one warp holds them
@@ -25,8 +21,7 @@ def triton_flashinfer_counters(draft_token_ids, target_probs, draft_probs, num_a
         unit_last_stride(t) for t in (draft_token_ids, target_probs, draft_probs, seed_tensor, offset_tensor))
     placeholder = num_accepted
     device = draft_token_ids.device
-    # Triton launches on the current device: make it the tensors' device.
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    guard = device_guard(device)
     with guard:
         _flashinfer_counters_kernel[(batch_size,)](
             draft_token_ids, target_probs, draft_probs, num_accepted, accepted_count, emitted_count,

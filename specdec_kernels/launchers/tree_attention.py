@@ -13,13 +13,12 @@ both (providers ``triton-merge-in-kernel`` and ``cuda-merge-in-kernel``).
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
 
 from .. import _workspace
-from ._shapes import (cdiv, device_capability, multiprocessor_count, next_power_of_2, older_triton,
+from ._shapes import (cdiv, device_capability, device_guard, multiprocessor_count, next_power_of_2, older_triton,
                       unit_last_stride)
 
 LOG2_E = 1.4426950408889634
@@ -144,8 +143,7 @@ def triton_tree_attention(q, k_cache, v_cache, block_tables, prefix_lens, tree_m
     placeholder = prefix_lens
     tiles = batch_size * num_kv_heads * config.row_tiles
     merge_last = merges_in_kernel(config, head_dim)
-    # Triton launches on the current device: make it the tensors' device.
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    guard = device_guard(device)
     with guard:
         counters = (_workspace.buffers(device, {"tree_attention.merge_counter": (tiles, torch.int32)})
                     ["tree_attention.merge_counter"] if merge_last else placeholder)

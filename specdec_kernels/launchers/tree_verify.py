@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
 
 from .. import _faults, _workspace
-from ._shapes import cdiv, device_capability, multiprocessor_count, next_power_of_2, older_triton, unit_last_stride
+from ._shapes import (cdiv, device_capability, device_guard, multiprocessor_count, next_power_of_2, older_triton,
+                      unit_last_stride)
 from .._verify_options import VerifyOptions
 from ._options import triton_arguments, triton_flags
 from .chain_verify import CHUNK_SIZE, search_block
@@ -207,8 +207,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
                            multiprocessors=multiprocessors)
     rows = scratch_rows(draft is not None, draft_sampling)
     truncate = options.truncates
-    # Triton launches on the current device: make it the tensors' device.
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    guard = device_guard(device)
     with guard:
         scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, tree_size, vocab_size,
                                                                     multiprocessors, rows))
