@@ -27,7 +27,7 @@ import torch
 import torch.autograd.profiler
 
 from . import _backend, _validation
-from ._verify_options import SCHEMA_SAMPLING, SCHEMA_TAIL
+from ._verify_options import SCHEMA_SAMPLING, SCHEMA_TAIL, SCHEMA_TAIL_LOGPROBS
 
 NAMESPACE = "specdec"
 
@@ -62,6 +62,25 @@ SCHEMAS = {
     ),
 }
 
+# Overloads of the verification ops for a feature that adds outputs: with `logprobs` (contract v1.3) one more,
+# float32 the shape of the tokens. An overload registers only the backends that have its feature (`require`).
+OVERLOAD_SCHEMAS = {
+    "chain_verify.logprobs": (
+        "chain_verify.logprobs(Tensor draft_token_ids, Tensor target, Tensor? draft=None, "
+        f"Tensor? num_draft_tokens=None, {SCHEMA_SAMPLING}, {SCHEMA_TAIL_LOGPROBS}) -> (Tensor, Tensor, Tensor)"
+    ),
+    "chain_verify_packed.logprobs": (
+        "chain_verify_packed.logprobs(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor target, "
+        f"Tensor? draft, int max_num_draft_tokens, {SCHEMA_SAMPLING}, {SCHEMA_TAIL_LOGPROBS}) "
+        "-> (Tensor, Tensor, Tensor)"
+    ),
+    "tree_verify.logprobs": (
+        "tree_verify.logprobs(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft=None, "
+        f"Tensor? num_nodes=None, {SCHEMA_SAMPLING}, str draft_sampling=\"without_replacement\", "
+        f"{SCHEMA_TAIL_LOGPROBS}) -> (Tensor, Tensor, Tensor, Tensor)"
+    ),
+}
+
 
 def _draws_seed(schema: str) -> bool:
     """Whether the op draws a seed when ``seed`` is None (its schema has ``SymInt? seed``)."""
@@ -70,7 +89,7 @@ def _draws_seed(schema: str) -> bool:
 
 
 _library = torch.library.Library(NAMESPACE, "DEF")
-for _schema in SCHEMAS.values():
+for _schema in (*SCHEMAS.values(), *OVERLOAD_SCHEMAS.values()):
     _library.define(_schema, tags=(torch.Tag.nondeterministic_seeded,) if _draws_seed(_schema) else ())
 
 # The backends of each op, keyed by backend name (bench/bench_call_overhead.py
@@ -83,9 +102,28 @@ _OVERLOADS: dict[str, torch._ops.OpOverload] = {}
 _DISPATCHERS: dict[str, Callable] = {}
 
 
+def require(op_name: str, backend: str) -> None:
+    """Raise ``NotImplementedError`` when ``op_name`` (an op or ``op.overload``) has no ``backend`` yet.
+
+    A feature lands one backend at a time (its overload registers the backends
+    that have it): the error names the feature, the backend, and the backends
+    that run it.
+    """
+    implementations = IMPLEMENTATIONS[op_name]
+    if backend not in implementations:
+        name, _, feature = op_name.partition(".")
+        raise NotImplementedError(
+            f"{name}: `{feature}` is not implemented on the {backend!r} backend yet; it runs on "
+            f"{', '.join(repr(available) for available in implementations)} (pass backend=...)")
+
+
 def register(op_name: str, implementations: dict[str, Callable], fake: Callable,
              auto_choice: Callable | None = None) -> None:
     """Register ``op_name``'s backends (keyed by backend name) and its fake.
+
+    ``op_name`` is an op, or ``op.overload`` for an overload of it (a feature
+    that adds outputs, e.g. ``chain_verify.logprobs``); an overload may
+    register only the backends that have the feature (``require``).
 
     ``auto_choice(resolved, *arguments)``, when given, may change what
     ``"auto"`` resolved to from the device alone into another backend for
@@ -98,7 +136,8 @@ def register(op_name: str, implementations: dict[str, Callable], fake: Callable,
     ``None`` is replaced here, when the op runs, by ``0`` next to a seed
     tensor or else by a fresh seed, so the implementations always get an int.
     """
-    overload = getattr(torch.ops.specdec, op_name).default
+    name, _, overload_name = op_name.partition(".")
+    overload = getattr(getattr(torch.ops.specdec, name), overload_name or "default")
     _OVERLOADS[op_name] = overload
     IMPLEMENTATIONS[op_name] = implementations
     names = [argument.name for argument in overload._schema.arguments]
@@ -115,13 +154,14 @@ def register(op_name: str, implementations: dict[str, Callable], fake: Callable,
         *arguments, backend = args if len(args) == len(defaults) else (*args, *defaults[len(args):])
         implementation = implementations.get(backend)
         if implementation is None:
-            resolved = _backend.resolve(op_name, backend, arguments[device_index].device)
+            resolved = _backend.resolve(name, backend, arguments[device_index].device)
             if backend == "auto" and auto_choice is not None:
                 resolved = auto_choice(resolved, *arguments)
+            require(op_name, resolved)
             implementation = implementations[resolved]
         if seed_index is not None and arguments[seed_index] is None:
             arguments[seed_index] = (0 if arguments[seed_tensor_index] is not None
-                                     else _validation.fresh_seed(op_name, arguments[device_index].device))
+                                     else _validation.fresh_seed(name, arguments[device_index].device))
         return implementation(*arguments)
 
     _DISPATCHERS[op_name] = dispatch
@@ -156,3 +196,15 @@ def run(op_name: str, *args):
     if _needs_torch_dispatcher(args[0]):
         return _OVERLOADS[op_name](*args)
     return _DISPATCHERS[op_name](*args)
+
+
+def run_verification(op_name: str, logprobs: str | None, *args):
+    """``run(op_name, *args)`` of a verification op; with ``logprobs`` (``"raw"``/``"processed"``) its
+    ``.logprobs`` overload instead, the kind passed before the backend (``args[-1]``, resolved), after
+    ``require`` checked that the backend has it."""
+    if logprobs is None:
+        return run(op_name, *args)
+    overload = f"{op_name}.logprobs"
+    require(overload, args[-1])
+    return run(overload, *args[:-1], logprobs, args[-1])
+

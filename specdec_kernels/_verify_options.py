@@ -18,10 +18,14 @@ import torch
 # The schema text of the bundle: the sampling head follows the op's layout arguments (tree_verify puts
 # `draft_sampling` next), the tail ends every verification schema.
 SCHEMA_SAMPLING = "Tensor? temperature=None, bool logits=False"
-SCHEMA_TAIL = (
+_SCHEMA_PARAMETERS = (
     "Tensor? seed_tensor=None, SymInt? seed=None, Tensor? offset_tensor=None, SymInt offset=0, Tensor? top_k=None, "
-    "Tensor? top_p=None, Tensor? min_p=None, Tensor? bonus_token_ids=None, str backend=\"auto\""
+    "Tensor? top_p=None, Tensor? min_p=None, Tensor? bonus_token_ids=None"
 )
+SCHEMA_TAIL = f"{_SCHEMA_PARAMETERS}, str backend=\"auto\""
+# The `.logprobs` overloads (one more output, the emitted tokens' log-probabilities) end with the kind asked for.
+SCHEMA_TAIL_LOGPROBS = f"{_SCHEMA_PARAMETERS}, str logprobs=\"raw\", str backend=\"auto\""
+LOGPROBS_KINDS = ("raw", "processed")
 
 
 class VerifyOptions(NamedTuple):
@@ -37,6 +41,7 @@ class VerifyOptions(NamedTuple):
     top_p: torch.Tensor | None = None
     min_p: torch.Tensor | None = None
     bonus_token_ids: torch.Tensor | None = None
+    logprobs: str | None = None  # only the `.logprobs` overloads pass it
 
     @property
     def truncates(self) -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
-from .._verify_options import VerifyOptions
+from .._verify_options import LOGPROBS_KINDS, VerifyOptions
 from ..launchers.chain_verify import cuda_chain_verify, triton_chain_verify
-from ..reference import chain_verify as reference
+from ..reference import _logprobs, chain_verify as reference
 
 OP_NAME = "chain_verify"
 
@@ -26,6 +26,7 @@ def chain_verify(
     top_p=None,
     min_p=None,
     bonus_token_ids=None,
+    logprobs=None,
     backend="auto",
     validate=False,
 ):
@@ -88,6 +89,15 @@ def chain_verify(
         A request whose drafts are all accepted emits this token (from the engine's own sampler)
         instead of sampling or taking the argmax (greedy requests too); that row is then not read. An id
         outside ``[0, V)`` is no bonus: that request samples its bonus row.
+    logprobs : {None, "raw", "processed"}
+        Also return ``output_logprobs`` (float32, the shape of the tokens):
+        the natural log of each emitted token's probability under the target
+        row it was emitted from, that row as given (``"raw"``:
+        ``log_softmax`` of logits, the log of a probability) or as
+        verification used it (``"processed"``: after temperature and
+        truncation; greedy requests report the raw value); ``-inf`` where the
+        token is ``-1``. Reference backend only so far: the others raise
+        ``NotImplementedError`` naming themselves.
     backend : {"auto", "reference", "triton", "cuda"}
     validate : bool
         Check token ids, counts, temperatures and the distributions' values
@@ -129,14 +139,16 @@ def chain_verify(
     num_draft_tokens = check.counts("num_draft_tokens", num_draft_tokens, batch_size)
     temperature = check_sampling_arguments(check, batch_size, vocab_size, temperature, logits, seed, offset)
     sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
+    if logprobs is not None:
+        check.choice("logprobs", logprobs, LOGPROBS_KINDS)
     resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
         _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab_size)
         check.sampling_values(temperature, logits, target, draft)
         check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
-    return _library.run(
-        OP_NAME, draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
+    return _library.run_verification(
+        OP_NAME, logprobs, draft_token_ids, target, draft, num_draft_tokens, temperature, logits,
         seed_tensor, seed_int, offset_tensor, offset_int, *sampling_parameters, resolved,
     )
 
@@ -188,4 +200,17 @@ def _fake(draft_token_ids, target, *args):
     return output, target.new_empty((batch_size,), dtype=torch.int32)
 
 
+def _reference_logprobs(draft_token_ids, target, draft, num_draft_tokens, *bundle):
+    output, num_accepted = _reference(draft_token_ids, target, draft, num_draft_tokens, *bundle)
+    rows = torch.arange(output.shape[1], device=output.device).expand_as(output)  # token j: row j
+    options = VerifyOptions(*bundle)
+    return output, num_accepted, _logprobs.emitted_logprobs(options.logprobs, target, rows, output, options)
+
+
+def _fake_logprobs(draft_token_ids, target, *args):
+    output, num_accepted = _fake(draft_token_ids, target, *args)
+    return output, num_accepted, output.new_empty(output.shape, dtype=torch.float32)
+
+
 _library.register(OP_NAME, {"reference": _reference, "triton": triton_chain_verify, "cuda": cuda_chain_verify}, _fake)
+_library.register(f"{OP_NAME}.logprobs", {"reference": _reference_logprobs}, _fake_logprobs)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
-from .._verify_options import VerifyOptions
+from .._verify_options import LOGPROBS_KINDS, VerifyOptions
 from ..launchers.chain_verify import cuda_chain_verify_packed, triton_chain_verify_packed
-from ..reference import chain_verify_packed as reference
+from ..reference import _logprobs, chain_verify_packed as reference
 from .chain_verify import check_sampling_arguments
 
 OP_NAME = "chain_verify_packed"
@@ -28,6 +28,7 @@ def chain_verify_packed(
     top_p=None,
     min_p=None,
     bonus_token_ids=None,
+    logprobs=None,
     backend="auto",
     validate=False,
 ):
@@ -71,6 +72,11 @@ def chain_verify_packed(
         decreases, ends at ``T`` and has every ``n_b <= K``, that the ids lie
         in ``[0, V)``, and the temperatures and distributions' values; raise
         ``ValueError`` otherwise.
+    logprobs : {None, "raw", "processed"}
+        As in :func:`specdec_kernels.chain_verify`: one more output, each emitted
+        token's log-probability under the row it was emitted from; NaN for a
+        bonus id emitted in the bonus-free layout (its row was not given).
+        Reference backend only so far.
 
     Returns
     -------
@@ -119,14 +125,16 @@ def chain_verify_packed(
         check.fail(f"`max_num_draft_tokens` must be >= 0; got {max_drafts}")
     temperature = check_sampling_arguments(check, batch_size, vocab_size, temperature, logits, seed, offset)
     sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
+    if logprobs is not None:
+        check.choice("logprobs", logprobs, LOGPROBS_KINDS)
     resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
         _validate_values(check, draft_token_ids, cu_num_draft_tokens, max_drafts, vocab_size)
         check.sampling_values(temperature, logits, target, draft)
         check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
-    return _library.run(
-        OP_NAME, draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
+    return _library.run_verification(
+        OP_NAME, logprobs, draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits,
         seed_tensor, seed_int, offset_tensor, offset_int, *sampling_parameters, resolved,
     )
 
@@ -166,8 +174,26 @@ def _fake(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *args
     return output, target.new_empty((batch_size,), dtype=torch.int32)
 
 
+def _reference_logprobs(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *bundle):
+    output, num_accepted = _reference(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *bundle)
+    start, num_drafts = reference.packed_requests(cu_num_draft_tokens, draft_token_ids.shape[0], max_drafts)
+    bonus_rows = target.shape[0] == draft_token_ids.shape[0] + output.shape[0]
+    padded = reference.padded_target_rows(target, start, num_drafts, max_drafts, bonus_rows)
+    positions = torch.arange(max_drafts + 1, device=output.device).expand_as(output)  # token j: padded row j
+    given = None if bonus_rows else positions < num_drafts.view(-1, 1)
+    options = VerifyOptions(*bundle)
+    return output, num_accepted, _logprobs.emitted_logprobs(options.logprobs, padded, positions, output, options,
+                                                            given)
+
+
+def _fake_logprobs(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *args):
+    output, num_accepted = _fake(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, *args)
+    return output, num_accepted, output.new_empty(output.shape, dtype=torch.float32)
+
+
 _library.register(
     OP_NAME,
     {"reference": _reference, "triton": triton_chain_verify_packed, "cuda": cuda_chain_verify_packed},
     _fake,
 )
+_library.register(f"{OP_NAME}.logprobs", {"reference": _reference_logprobs}, _fake_logprobs)

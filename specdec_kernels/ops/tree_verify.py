@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .. import _backend, _library, _validation
-from .._verify_options import VerifyOptions
+from .._verify_options import LOGPROBS_KINDS, VerifyOptions
 from ..launchers.tree_verify import cuda_tree_verify, triton_tree_verify
-from ..reference import tree_verify as reference
+from ..reference import _logprobs, tree_verify as reference
 
 OP_NAME = "tree_verify"
 DRAFT_SAMPLING = ("without_replacement", "with_replacement")
@@ -29,6 +29,7 @@ def tree_verify(
     top_p=None,
     min_p=None,
     bonus_token_ids=None,
+    logprobs=None,
     backend="auto",
     validate=False,
 ):
@@ -66,6 +67,10 @@ def tree_verify(
         that row is then not read.
     draft_sampling : {"without_replacement", "with_replacement"}
         How the children of a node were drawn from ``draft``.
+    logprobs : {None, "raw", "processed"}
+        As in :func:`specdec_kernels.chain_verify`: one more output, each emitted
+        token's log-probability under the row it was emitted from (its path
+        node's row). Reference backend only so far.
 
     Returns
     -------
@@ -103,6 +108,8 @@ def tree_verify(
     check.choice("draft_sampling", draft_sampling, DRAFT_SAMPLING)
     check.random_state(batch_size, seed, offset)
     sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
+    if logprobs is not None:
+        check.choice("logprobs", logprobs, LOGPROBS_KINDS)
     resolved = _backend.resolve(OP_NAME, backend, target.device)
     if validate:
         try:
@@ -112,8 +119,8 @@ def tree_verify(
         check.sampling_values(temperature, logits, target, draft)
         check.sampling_parameter_values(*sampling_parameters, vocab_size)
     seed_tensor, seed_int, offset_tensor, offset_int = _validation.split_random_state(seed, offset)
-    return _library.run(
-        OP_NAME, tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
+    return _library.run_verification(
+        OP_NAME, logprobs, tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
         seed_tensor, seed_int, offset_tensor, offset_int, *sampling_parameters, resolved,
     )
 
@@ -133,5 +140,21 @@ def _fake(tree_token_ids, parents, target, *args):
     )
 
 
+def _reference_logprobs(tree_token_ids, parents, target, draft, num_nodes, temperature, logits, draft_sampling,
+                        *bundle_tail):
+    accepted_nodes, output, num_accepted = _reference(tree_token_ids, parents, target, draft, num_nodes,
+                                                      temperature, logits, draft_sampling, *bundle_tail)
+    options = VerifyOptions(temperature, logits, *bundle_tail)
+    # Token j follows path node j: it was emitted from that node's row.
+    return accepted_nodes, output, num_accepted, _logprobs.emitted_logprobs(options.logprobs, target,
+                                                                            accepted_nodes, output, options)
+
+
+def _fake_logprobs(tree_token_ids, parents, target, *args):
+    accepted_nodes, output, num_accepted = _fake(tree_token_ids, parents, target, *args)
+    return accepted_nodes, output, num_accepted, output.new_empty(output.shape, dtype=torch.float32)
+
+
 _library.register(OP_NAME, {"reference": _reference, "triton": triton_tree_verify, "cuda": cuda_tree_verify},
                   _fake)
+_library.register(f"{OP_NAME}.logprobs", {"reference": _reference_logprobs}, _fake_logprobs)

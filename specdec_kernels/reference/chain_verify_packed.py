@@ -31,6 +31,28 @@ def packed_requests(cu_num_draft_tokens: torch.Tensor, num_tokens: int, max_draf
     return start, (end - start).clamp(max=max_drafts)
 
 
+def padded_target_rows(target, start, num_drafts, max_drafts, bonus_rows):
+    """The padded equivalent's target ``[B, K+1, V]``: request ``b``'s rows at ``[b, 0..n_b]``.
+
+    With bonus rows, positions past ``n_b`` repeat the bonus row; in the
+    bonus-free layout (``bonus_rows`` False) position ``n_b`` and later are
+    never read (the bonus id is emitted there) and repeat an in-range row.
+    """
+    batch_size = start.shape[0]
+    num_tokens = target.shape[0] - (batch_size if bonus_rows else 0)
+    vocab_size = target.shape[-1]
+    requests = torch.arange(batch_size, device=target.device).view(-1, 1)
+    positions = torch.arange(max_drafts + 1, device=target.device).view(1, -1)
+    first_row, count = start.view(-1, 1), num_drafts.view(-1, 1)
+    if bonus_rows:
+        rows = first_row + requests + torch.minimum(positions, count)
+    else:
+        rows = (first_row + torch.minimum(positions, count - 1)).clamp(0, max(num_tokens - 1, 0))
+    if target.shape[0] == 0:
+        return target.new_zeros((batch_size, max_drafts + 1, vocab_size))
+    return target.index_select(0, rows.flatten()).view(batch_size, max_drafts + 1, vocab_size)
+
+
 def chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max_drafts, temperature, logits, seed,
                         offset, top_k=None, top_p=None, min_p=None, bonus_token_ids=None):
     """See ``specdec_kernels.chain_verify_packed``; arguments are already validated.
@@ -49,21 +71,12 @@ def chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft, max
     vocab_size = target.shape[-1]
     device = target.device
     start, num_drafts = packed_requests(cu_num_draft_tokens, num_tokens, max_drafts)
-    requests = torch.arange(batch_size, device=device).view(-1, 1)
     positions = torch.arange(max_drafts + 1, device=device).view(1, -1)
     first_row = start.view(-1, 1)
     count = num_drafts.view(-1, 1)
 
     bonus_rows = target.shape[0] == num_tokens + batch_size  # else [T, V] with bonus ids: no bonus rows
-    if bonus_rows:
-        target_rows = first_row + requests + torch.minimum(positions, count)  # rows past n_b repeat the bonus row
-    else:
-        # Rows from n_b on are never read (the bonus id is emitted there): any in-range row fills them.
-        target_rows = (first_row + torch.minimum(positions, count - 1)).clamp(0, max(num_tokens - 1, 0))
-    if target.shape[0] == 0:
-        padded_target = target.new_zeros((batch_size, max_drafts + 1, vocab_size))
-    else:
-        padded_target = target.index_select(0, target_rows.flatten()).view(batch_size, max_drafts + 1, vocab_size)
+    padded_target = padded_target_rows(target, start, num_drafts, max_drafts, bonus_rows)
 
     draft_positions = positions[:, :max_drafts]
     in_chain = draft_positions < count
