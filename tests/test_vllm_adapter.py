@@ -329,3 +329,23 @@ def test_bad_inputs_name_the_argument():
         vllm.rejection_sample_from_logits(*replaced(3, arguments[3].float()))
     with pytest.raises(TypeError, match="`target_probs` must be a torch.Tensor"):
         vllm.rejection_sample(*replaced(5, arguments[5].tolist()))
+
+
+@pytest.mark.parametrize("kind", ["raw", "processed"])
+def test_from_logits_returns_the_ops_logprobs(kind):
+    """logprobs= (reference): chain_verify_packed's logprobs of the same call; NaN where vLLM's bonus token was
+    emitted (its row is not in target_logits), -inf at the placeholders."""
+    arguments = sampled_case(8, counts=[3, 0, 2, 3])
+    metadata_ = metadata(torch.tensor([1.0, 0.7, 0.0, 1.3]), top_k=torch.tensor([5, VOCAB, 0, 20]),
+                         generators=generators_of({0: 1, 1: 2, 2: 3, 3: 4}))
+    tokens, logprobs = vllm.rejection_sample_from_logits(*arguments, metadata_, logprobs=kind, backend="reference")
+    again = vllm.rejection_sample_from_logits(*arguments, metadata(
+        metadata_.temperature, top_k=metadata_.top_k, generators=generators_of({0: 1, 1: 2, 2: 3, 3: 4})),
+        backend="reference")
+    assert torch.equal(tokens, again) and logprobs.shape == tokens.shape and logprobs.dtype == torch.float32
+    assert bool(torch.isneginf(logprobs[tokens == -1]).all())
+    counts = torch.tensor(arguments[1])
+    bonus = (tokens >= 0) & (torch.arange(tokens.shape[1]).view(1, -1) == counts.view(-1, 1))
+    assert bool(torch.isnan(logprobs[bonus]).all()) and bool(torch.isfinite(logprobs[(tokens >= 0) & ~bonus]).all())
+    with pytest.raises(NotImplementedError, match="`logprobs` is not implemented on the 'triton' backend"):
+        vllm.rejection_sample_from_logits(*arguments, metadata(), logprobs=kind, backend="triton")

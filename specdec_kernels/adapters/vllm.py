@@ -124,6 +124,7 @@ def rejection_sample_from_logits(
     bonus_token_ids,
     sampling_metadata,
     *,
+    logprobs=None,
     backend="auto",
 ):
     """vLLM's ``apply_sampling_constraints`` + softmax + ``rejection_sample`` in one verification launch.
@@ -137,14 +138,23 @@ def rejection_sample_from_logits(
         ``<= 0`` or ``>= V`` are off) then its ``top_p`` (``1`` is off), as
         vLLM's sampler computes it; ``sampling_metadata.top_k`` and ``.top_p``
         are read too.
+    logprobs : {None, "raw", "processed"}
+        Also return ``output_logprobs [B, max_spec_len + 1]`` float32 (the
+        ops' ``logprobs``, vLLM's ``raw_logprobs`` and ``processed_logprobs``
+        modes): each emitted token's log-probability under its row, ``-inf``
+        at ``-1`` placeholders, NaN for the bonus token (vLLM's sampler gave
+        it; its row is not here). Reference backend only so far.
+
+    Returns ``output_token_ids``, or ``(output_token_ids, output_logprobs)``
+    with ``logprobs``.
     """
     return _verify("vllm.rejection_sample_from_logits", "target_logits", draft_token_ids, num_draft_tokens,
                    max_spec_len, cu_num_draft_tokens, draft_probs, target_logits, bonus_token_ids,
-                   sampling_metadata, logits=True, backend=backend)
+                   sampling_metadata, logits=True, logprobs=logprobs, backend=backend)
 
 
 def _verify(op_name, target_name, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-            draft_probs, target, bonus_token_ids, sampling_metadata, *, logits, backend):
+            draft_probs, target, bonus_token_ids, sampling_metadata, *, logits, backend, logprobs=None):
     """One ``chain_verify_packed`` launch on the bonus-free layout, with a seed per request."""
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"{op_name}: `{target_name}` must be a torch.Tensor; got {type(target).__name__}")
@@ -162,7 +172,7 @@ def _verify(op_name, target_name, draft_token_ids, num_draft_tokens, max_spec_le
     if logits and not all_greedy:
         truncation = dict(top_k=getattr(sampling_metadata, "top_k", None),
                           top_p=getattr(sampling_metadata, "top_p", None))
-    output_token_ids, _ = chain_verify_packed(
+    outputs = chain_verify_packed(
         draft_token_ids,
         torch.nn.functional.pad(cu_num_draft_tokens, (1, 0)),
         target,
@@ -175,10 +185,11 @@ def _verify(op_name, target_name, draft_token_ids, num_draft_tokens, max_spec_le
         seed=0 if all_greedy else _request_seeds(check, sampling_metadata, num_draft_tokens, batch_size,
                                                  target.device),
         bonus_token_ids=bonus_token_ids.view(-1),
+        logprobs=logprobs,
         backend=backend,
         **truncation,
     )
-    return output_token_ids
+    return outputs[0] if logprobs is None else (outputs[0], outputs[2])
 
 
 def _check_counts(check, num_draft_tokens, batch_size):
