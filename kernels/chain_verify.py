@@ -95,11 +95,11 @@ import triton.language as tl
 
 from .chain_verify_finish import (arrive, count_give_ups, greedy_decisions, sampled_tokens, wait_for,
                                   write_outputs)
-from .chain_verify_rows import (inverse_norm, proposal_probability, request_temperatures, row_at, row_statistics,
-                                sample_slice, scan_statistics)
+from .chain_verify_rows import (acceptance, inverse_norm, proposal_probability, request_temperatures, row_at,
+                                row_statistics, sample_slice, scan_statistics)
 from .chain_verify_stages import clear_request_records, request_records, staged_statistics, staged_thresholds
 from .faults import CHAIN_WAIT_GAVE_UP
-from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
+from .rng import ACCEPT_STREAM, random_words, request_key
 from .sampling import row_probabilities, softmax_weight
 from .truncation import row_truncation, truncated_probability, truncation_parameters
 
@@ -164,7 +164,7 @@ def _walk_rows(
             q = tl.full((ROWS,), 1.0, tl.float32)
         w0, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, requests * 0 + position, requests * 0)
         greedy_arg = tl.where(row_max > -float("inf"), row_arg, -1)
-        accepted = drafted & tl.where(greedy, token == greedy_arg.to(tl.int64), uniform_from_word(w0) * q < p)
+        accepted = drafted & acceptance(w0, p, q, greedy, token == greedy_arg.to(tl.int64))
         stopping = going & ~accepted
         stop = tl.where(stopping, position, stop)
         stop_max = tl.where(stopping, row_max, stop_max)
@@ -446,7 +446,7 @@ def _chain_verify_kernel(
                                          requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
             w0, _, _, _ = random_words(k0[:, None], k1[:, None], c2[:, None], c3[:, None], ACCEPT_STREAM, positions,
                                        tl.zeros((ROWS, BLOCK_K1), tl.int32))
-            accepted = valid & (uniform_from_word(w0) * draft_at < target_at)
+            accepted = valid & acceptance(w0, target_at, draft_at, False, False)  # sampled requests only
             stop = tl.min(tl.where(in_chain & ~accepted, positions, BLOCK_K1), axis=1)
             stop = tl.minimum(stop, num_drafts)
             at_stop = positions == stop[:, None]

@@ -4,6 +4,7 @@
 and ``scan_statistics`` those of a slice of rows ``0..n_b``, stored per
 slice (draft rows are always probabilities: they need none);
 ``request_temperatures`` the requests' greedy flags and ``1 / T``;
+``acceptance`` the test of a proposed token;
 ``sample_slice`` is the per-element pass of the sampler: loads, subtract,
 clamp, scale, convert, one int64 scan per 1024-token chunk, a compare and
 a count (``kernels/sampling.py``); no random number per element.
@@ -12,6 +13,7 @@ a count (``kernels/sampling.py``); no random number per element.
 import triton
 import triton.language as tl
 
+from .rng import uniform_from_word
 from .sampling import chunk_draw, chunk_pick, fixed_point, row_probabilities, softmax_weight
 from .truncation_measures import truncated_probability
 
@@ -107,6 +109,18 @@ def drawn_from_draft(draft_at_token):
 def proposal_probability(draft_at_token):
     """The ``q(t)`` of the acceptance test: itself if drawn from the draft, else 1, the point mass on ``t``."""
     return tl.where(drawn_from_draft(draft_at_token), draft_at_token, 1.0)
+
+
+@triton.jit
+def acceptance(word, target_at_token, proposal_at_token, greedy, greedy_hit):
+    """The acceptance test of a proposed token, the one every plan of both kernels runs (``reference/_rows``).
+
+    ``u * q(t) < p(t)``, ``u`` the uniform of the acceptance stream's
+    ``word`` and ``q(t)`` from :func:`proposal_probability` (1 for a point
+    mass); where ``greedy`` holds, ``greedy_hit`` (the token is the raw row's
+    argmax) instead. The callers mask the proposals that were not made.
+    """
+    return tl.where(greedy, greedy_hit, uniform_from_word(word) * proposal_at_token < target_at_token)
 
 
 @triton.jit

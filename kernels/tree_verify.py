@@ -74,9 +74,9 @@ Offsets that multiply a stride are 64-bit.
 import triton
 import triton.language as tl
 
-from .chain_verify_rows import (drawn_from_draft, inverse_norm, proposal_probability, request_temperatures,
+from .chain_verify_rows import (acceptance, drawn_from_draft, inverse_norm, proposal_probability, request_temperatures,
                                 row_pointers, row_statistics)
-from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
+from .rng import ACCEPT_STREAM, random_words, request_key
 from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
                        normaliser_reciprocal, row_probabilities, split_sums)
 from .faults import TREE_WAIT_GAVE_UP
@@ -508,8 +508,7 @@ def _tree_verify_kernel(
             point_mass = (~drawn_from_draft(draft_at)).to(tl.int32)
             draft_at = proposal_probability(draft_at)
         word, _, _, _ = random_words(k0, k1, c2, c3, ACCEPT_STREAM, safe_child, safe_child * 0)
-        accepted = trying & tl.where(greedy, token == greedy_token.to(tl.int64),
-                                     uniform_from_word(word) * draft_at < target_at)
+        accepted = trying & acceptance(word, target_at, draft_at, greedy, token == greedy_token.to(tl.int64))
         rejecting = gather & (accepted == 0)
         if tl.max(rejecting.to(tl.int32), axis=0) > 0:
             if SPLIT:
