@@ -9,7 +9,7 @@ three launches: these two around the verification. ``_eagle_greedy_kernel``
 is the whole of ``verify_tree_greedy`` (argmax ids in, SGLang's outputs
 out): one launch.
 
-Both run one program per request over the request's node slots, which a
+Each runs one program per request over the request's node slots, which a
 program holds in one tile (EAGLE trees have at most a few hundred nodes).
 The parents kernel exchanges values between lanes through a per-request
 scratch row in global memory, with a barrier between a store and the loads

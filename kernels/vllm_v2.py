@@ -8,8 +8,11 @@ request's seed, offset and temperature; the draft counts), and
 ``_vllm_v2_outputs_kernel`` writes vLLM's ``sampled`` (int64) and
 ``num_sampled`` from the op's outputs. Outcomes are the adapter's torch
 path's (bit for bit, except the draft softmax: float32 with its own
-rounding, as the ops' ``logits=True`` rows); every index read on the device
-is clamped into its tensor.
+rounding, as the ops' ``logits=True`` rows) for every ``cu_num_logits``
+vLLM makes. Every index read on the device is clamped into its tensor and
+every write masked into its buffer, whatever the values; a malformed ``cu``
+(decreasing) that packs two requests' drafts at one place leaves there the
+draft of one of them.
 """
 
 from __future__ import annotations

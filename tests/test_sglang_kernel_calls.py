@@ -100,6 +100,17 @@ def test_triton_greedy_equals_the_reference_on_malformed_layouts(tree_size, widt
         assert torch.equal(reference.cpu(), triton.cpu())
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_writes_target_ids_as_they_are(backend, device):
+    """sgl-kernel writes target_predict's value at each path node's row, whatever it is (a negative id too)."""
+    backend_or_skip("tree_verify", backend)
+    outputs = buffers(1, 3, 3, device, fill=-7)
+    sglang.verify_tree_greedy(*outputs, *(torch.tensor(t, device=device) for t in (
+        [[9, 5, 6]], [[0, 1, 2]], [[1, 2, -1]], [[-1, -1, -1]], [[5, -5, 7]])), backend=backend)
+    assert outputs[0].tolist()[:3] == [5, -5, -7] and outputs[1].tolist() == [[0, 1, -1]]
+    assert outputs[2].tolist() == [1]
+
+
 def test_greedy_is_one_launch_without_allocations():
     backend_or_skip("tree_verify", "triton", "cpu")
     generator = torch.Generator().manual_seed(4)
@@ -232,6 +243,9 @@ def test_errors_name_the_argument():
     with pytest.raises(TypeError, match="`accept_index` must have dtype int32; got int64"):
         sglang.verify_tree_greedy(outputs[0], outputs[1].long(), outputs[2], candidates, retrive_index, next_token,
                                   next_sibling, target.argmax(-1))
+    with pytest.raises(ValueError, match=r"`candidates` must have shape \[B, N\] with N >= 1"):
+        sglang.verify_tree_greedy(*buffers(2, 0, 4, "cpu"), candidates[:, :0], retrive_index[:, :0],
+                                  next_token[:, :0], next_sibling[:, :0], target.argmax(-1)[:, :0])
     with pytest.raises(ValueError, match="`accept_index` must have at least one column"):
         sglang.verify_tree_greedy(outputs[0], outputs[1][:, :0], outputs[2], candidates, retrive_index, next_token,
                                   next_sibling, target.argmax(-1))

@@ -333,19 +333,26 @@ def test_bad_inputs_name_the_argument():
 
 @pytest.mark.parametrize("kind", ["raw", "processed"])
 def test_from_logits_returns_the_ops_logprobs(kind):
-    """logprobs= (reference): chain_verify_packed's logprobs of the same call; NaN where vLLM's bonus token was
-    emitted (its row is not in target_logits), -inf at the placeholders."""
+    """logprobs= (reference): chain_verify_packed's logprobs of the same call (the generators' seeds, the
+    metadata's temperature and top-k), bit for bit; NaN where vLLM's bonus token was emitted (its row is not in
+    target_logits), -inf at the placeholders."""
     arguments = sampled_case(8, counts=[3, 0, 2, 3])
-    metadata_ = metadata(torch.tensor([1.0, 0.7, 0.0, 1.3]), top_k=torch.tensor([5, VOCAB, 0, 20]),
-                         generators=generators_of({0: 1, 1: 2, 2: 3, 3: 4}))
-    tokens, logprobs = vllm.rejection_sample_from_logits(*arguments, metadata_, logprobs=kind, backend="reference")
-    again = vllm.rejection_sample_from_logits(*arguments, metadata(
-        metadata_.temperature, top_k=metadata_.top_k, generators=generators_of({0: 1, 1: 2, 2: 3, 3: 4})),
-        backend="reference")
-    assert torch.equal(tokens, again) and logprobs.shape == tokens.shape and logprobs.dtype == torch.float32
-    assert bool(torch.isneginf(logprobs[tokens == -1]).all())
+    seeds = {0: 1, 1: 2, 2: 3, 3: 4}
+    keywords = dict(temperature=torch.tensor([1.0, 0.7, 0.0, 1.3]), top_k=torch.tensor([5, VOCAB, 0, 20]))
+    tokens, logprobs = vllm.rejection_sample_from_logits(
+        *arguments, metadata(**keywords, generators=generators_of(seeds)), logprobs=kind, backend="reference")
+    drawn = torch.cat([torch.randint(2**63 - 1, (1,), dtype=torch.int64, generator=generator)
+                       for generator in generators_of(seeds).values()])
+    drawn[1] = 0  # request 1 has no drafts: its generator is not drawn from, and it draws nothing
+    want_tokens, _, want = sk.chain_verify_packed(
+        arguments[0], torch.nn.functional.pad(arguments[3], (1, 0)), arguments[5], arguments[4],
+        max_num_draft_tokens=3, logits=True, seed=drawn, bonus_token_ids=arguments[6].view(-1), logprobs=kind,
+        backend="reference", **keywords)
+    assert torch.equal(tokens, want_tokens)
+    assert torch.equal(logprobs.isnan(), want.isnan()) and torch.equal(logprobs.nan_to_num(), want.nan_to_num())
     counts = torch.tensor(arguments[1])
     bonus = (tokens >= 0) & (torch.arange(tokens.shape[1]).view(1, -1) == counts.view(-1, 1))
-    assert bool(torch.isnan(logprobs[bonus]).all()) and bool(torch.isfinite(logprobs[(tokens >= 0) & ~bonus]).all())
+    assert bool(torch.isnan(logprobs[bonus]).all()) and bool(torch.isneginf(logprobs[tokens == -1]).all())
+    assert bool(torch.isfinite(logprobs[(tokens >= 0) & ~bonus]).all())
     with pytest.raises(NotImplementedError, match="`logprobs` is not implemented on the 'triton' backend"):
         vllm.rejection_sample_from_logits(*arguments, metadata(), logprobs=kind, backend="triton")

@@ -211,8 +211,10 @@ def test_refusals_and_errors_name_the_argument():
         call(target, None, torch.tensor([-1, 3, 4]), inputs, 1)
     with pytest.raises(TypeError, match="`seed` must have dtype int64"):
         call(target, None, draft_sampled, inputs[:6] + (inputs[6].to(torch.int32),), 1)
-    with pytest.raises(ValueError, match=r"`draft_logits` must have shape \[R, K, V\] = \[8, "):
+    with pytest.raises(ValueError, match=r"`draft_logits` must have shape \[R, num_speculative_steps, V\] = \[8, 1, "):
         call(target, torch.zeros(3, 1, VOCAB), draft_sampled, inputs, 1)
+    with pytest.raises(ValueError, match=r"= \[8, 1, \*\]; got \[8, 0, 20\]"):
+        call(target, torch.zeros(MAX_REQS, 0, VOCAB), draft_sampled, inputs, 1)  # no step's law: was read anyway
     sampled, num_sampled = call(target, None, draft_sampled, inputs, 1, use_fp64=True)  # accepted, no effect
     assert sampled.shape == (1, 2) and num_sampled.shape == (1,)
 

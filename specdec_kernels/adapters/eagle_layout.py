@@ -112,7 +112,10 @@ def sglang_outputs(accepted_nodes, output_token_ids, num_accepted, retrive_index
     # Row num_rows is SGLang's spare row (left -1); row num_rows + 1 takes every entry not on the path or
     # outside [0, B*N), and is dropped.
     slots = torch.where(on_path & (rows >= 0) & (rows < num_rows), rows, num_rows + 1).flatten()
-    largest = torch.full((num_rows + 2,), -1, dtype=torch.int32, device=accepted_nodes.device)
+    # A new predicts is -1 off the path; in place only the path's rows are written, with their tokens as they
+    # are (verify_tree_greedy's come from target_predict: any int, as sgl-kernel writes them).
+    empty = -1 if predicts is None else torch.iinfo(torch.int32).min
+    largest = torch.full((num_rows + 2,), empty, dtype=torch.int32, device=accepted_nodes.device)
     largest.scatter_reduce_(0, slots, tokens.flatten(), "amax")
     if predicts is None:
         return largest[:num_rows + 1]

@@ -349,6 +349,9 @@ def verify_tree_greedy(
         check.fail("missing argument `target_predict`", TypeError)
     batch_size, tree_size = check.tensor("candidates", candidates, (None, None), _validation.TOKEN_DTYPES,
                                          "[B, N]").shape
+    if tree_size < 1:
+        check.fail(f"`candidates` must have shape [B, N] with N >= 1 (slot 0 is the root); got "
+                   f"{list(candidates.shape)}")
     for name, value in zip(("retrive_index", *LINKS, "target_predict"), (*links, target_predict)):
         check.tensor(name, value, (batch_size, tree_size), _validation.TOKEN_DTYPES, "[B, N]",
                      sizes_from="candidates")

@@ -139,11 +139,14 @@ def rejection_sample_from_logits(
         vLLM's sampler computes it; ``sampling_metadata.top_k`` and ``.top_p``
         are read too.
     logprobs : {None, "raw", "processed"}
-        Also return ``output_logprobs [B, max_spec_len + 1]`` float32 (the
-        ops' ``logprobs``, vLLM's ``raw_logprobs`` and ``processed_logprobs``
-        modes): each emitted token's log-probability under its row, ``-inf``
-        at ``-1`` placeholders, NaN for the bonus token (vLLM's sampler gave
-        it; its row is not here). Reference backend only so far.
+        Also return ``output_logprobs [B, max_spec_len + 1]`` float32, the
+        ops' ``logprobs``: each emitted token's log-probability under its row
+        of ``target_logits`` as given (``"raw"``: after vLLM's logits
+        processors and penalties, so not vLLM's ``raw_logprobs``, taken before
+        them) or as verified (``"processed"``: after temperature and top-k/
+        top-p, vLLM's ``processed_logprobs``); ``-inf`` at ``-1``
+        placeholders, NaN for the bonus token (vLLM's sampler gave it; its row
+        is not here). Reference backend only so far.
 
     Returns ``output_token_ids``, or ``(output_token_ids, output_logprobs)``
     with ``logprobs``.

@@ -130,9 +130,11 @@ def rejection_sample_v2(
     num_states = check.tensor("temperature", temperature, (None,), (torch.float32,), "[R]").shape[0]
     check.tensor("seed", seed, (num_states,), (torch.int64,), "[R]", sizes_from="temperature")
     if draft_logits is not None:
-        check.tensor("draft_logits", draft_logits, (num_states, None, None), _validation.FLOAT_DTYPES, "[R, K, V]",
-                     sizes_from="temperature")
+        check.tensor("draft_logits", draft_logits, (num_states, int(num_speculative_steps), None),
+                     _validation.FLOAT_DTYPES, "[R, num_speculative_steps, V]", sizes_from="temperature")
         vocab_size = min(vocab_size, draft_logits.shape[2])
+        if num_speculative_steps == 0:
+            draft_logits = None  # no step has a draft law; no draft row is read
     if num_logits < batch_size:
         check.fail(f"`target_logits` must have at least one row per request (L >= B = {batch_size}); got L = "
                    f"{num_logits}")
