@@ -120,7 +120,13 @@ def acceptance(word, target_at_token, proposal_at_token, greedy, greedy_hit):
     mass); where ``greedy`` holds, ``greedy_hit`` (the token is the raw row's
     argmax) instead. The callers mask the proposals that were not made.
     """
-    return tl.where(greedy, greedy_hit, uniform_from_word(word) * proposal_at_token < target_at_token)
+    return acceptance_of_uniform(uniform_from_word(word), target_at_token, proposal_at_token, greedy, greedy_hit)
+
+
+@triton.jit
+def acceptance_of_uniform(uniform, target_at_token, proposal_at_token, greedy, greedy_hit):
+    """:func:`acceptance` with the uniform already drawn (the FlashInfer counters choose between two words)."""
+    return tl.where(greedy, greedy_hit, uniform * proposal_at_token < target_at_token)
 
 
 @triton.jit

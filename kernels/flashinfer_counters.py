@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .chain_verify_rows import acceptance_of_uniform, proposal_probability
 from .rng import ACCEPT_STREAM, random_words, request_key, uniform_from_word
 
 
@@ -50,7 +51,9 @@ def _flashinfer_counters_kernel(
 
     emitted = tl.load(num_accepted_ptr + request)
     uniform = uniform_from_word(tl.where(positions == emitted, second, first))
-    judged = valid & (positions >= emitted) & (uniform * draft_at < target_at)  # chain_verify's acceptance test
+    # chain_verify's acceptance test: a token with q(t) not > 0 is judged against the point mass on it (v1.3).
+    judged = valid & (positions >= emitted) & acceptance_of_uniform(uniform, target_at,
+                                                                    proposal_probability(draft_at), False, False)
     accepted = emitted + tl.sum(judged.to(tl.int32), axis=0)
     if ACCUMULATE:
         accepted += tl.load(accepted_count_ptr + request).to(tl.int32)

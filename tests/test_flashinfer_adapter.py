@@ -333,3 +333,25 @@ def test_counters_follow_flashinfers_law(device):
     wrong = counter_law(draft_rows[0], target_rows[0], second_judgement=False)
     assert chi_square_pvalue(observed, wrong, num_requests) < SIGNIFICANCE
     assert np.isclose(sum(counter_law(draft_rows[0], target_rows[0]).values()), 1.0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_token_the_draft_could_not_have_drawn_is_judged_as_chain_verify_judges_it(path, device):
+    """The accepted counter judges each position with chain_verify's test: a token whose draft probability is 0
+    is tested against the point mass on it, so accepted with probability p(t) (here 0.5), not always. Position 0
+    is always rejected (p = 0); position 1's judgement alone moves the counter. 4,000 requests, fixed seed."""
+    backend_or_skip("chain_verify", path)
+    batch_size = 4000
+    target = torch.zeros(batch_size, 3, 4, device=device)
+    target[:, 0, 1] = 1.0  # the draft token 0 has no target mass: rejected at position 0
+    target[:, 1, 2], target[:, 1, 3] = 0.5, 0.5
+    target[:, 2, 0] = 1.0
+    draft = torch.zeros(batch_size, 2, 4, device=device)
+    draft[:, 0, 0] = 1.0
+    draft[:, 1, 3] = 1.0  # the draft token 2 at position 1 has q = 0
+    ids = torch.tensor([[0, 2]], device=device).expand(batch_size, 2).contiguous()
+    _, accepted, emitted = flashinfer.chain_speculative_sampling(
+        draft, ids, target, torch.zeros(batch_size, dtype=torch.int32, device=device),
+        torch.zeros(batch_size, dtype=torch.int32, device=device), seed=11, offset=0, backend=path)
+    assert int(emitted.sum()) == 0
+    assert 0.45 < float(accepted.float().mean()) < 0.55

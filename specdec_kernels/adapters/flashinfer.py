@@ -78,7 +78,7 @@ import torch
 from .. import _backend, _validation, rng
 from ..launchers.flashinfer_counters import triton_flashinfer_counters
 from ..ops.chain_verify import chain_verify
-from ..reference import _sampling
+from ..reference import _rows
 
 OP_NAME = "flashinfer.chain_speculative_sampling"
 
@@ -209,7 +209,7 @@ def reference_counters(draft_token_ids, target_probs, draft_probs, num_accepted,
     safe_ids = torch.where(valid, token_ids, 0).unsqueeze(-1)
     target_at = target_probs[:, :max_drafts].gather(-1, safe_ids).squeeze(-1).to(torch.float32)
     draft_at = draft_probs.gather(-1, safe_ids).squeeze(-1).to(torch.float32)
-    judged = valid & after_prefix & _sampling.accept(uniform, target_at, draft_at)
+    judged = valid & after_prefix & _rows.acceptance(uniform, target_at, draft_at)[0]
     return (emitted + judged.sum(dim=-1)).to(torch.int32), num_accepted.to(torch.int32)
 
 
