@@ -20,7 +20,9 @@ What FlashInfer's kernel does, and what is kept
   the first rejection FlashInfer's kernel judges every remaining position,
   *the rejected one included*, with new draws of its generator. So the count
   is ``j + Bernoulli(a_j) + sum_{i > j} Bernoulli(a_i)``, all independent
-  given the tokens, ``a_i = min(1, p_i(t_i) / q_i(t_i))``.
+  given the tokens, ``a_i = min(1, p_i(t_i) / q_i(t_i))``: ``chain_verify``'s
+  test, so a token with ``q_i(t_i)`` not ``> 0`` (not drawable from the
+  draft) counts with ``a_i = p_i(t_i)``, the point mass's (v1.3).
 * Both counters are added to the caller's tensors in place, int32 ``[B]``
   (FlashInfer's kernel writes int32; its Python casts other dtypes with
   ``.int()``, so only an int32 tensor is actually updated: others are
