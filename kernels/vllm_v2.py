@@ -7,8 +7,9 @@ drafts' ids and, from ``draft_logits``, their probabilities; each
 request's seed, offset and temperature; the draft counts), and
 ``_vllm_v2_outputs_kernel`` writes vLLM's ``sampled`` (int64) and
 ``num_sampled`` from the op's outputs. Outcomes are the adapter's torch
-path's (bit for bit, except the draft softmax: float32 with its own
-rounding, as the ops' ``logits=True`` rows) for every ``cu_num_logits``
+path's (bit for bit, except the draft softmax: the chain kernel's softmax
+of a logits row, ``row_statistics`` and ``row_probabilities``, float32 with
+its own rounding, and NaN logits weighing 0) for every ``cu_num_logits``
 vLLM makes. Every index read on the device is clamped into its tensor and
 every write masked into its buffer, whatever the values; a malformed ``cu``
 (decreasing) that packs two requests' drafts at one place leaves there the
@@ -20,8 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .chain_verify_rows import inverse_norm
-from .sampling import softmax_weight
+from .chain_verify_rows import inverse_norm, row_statistics
+from .sampling import row_probabilities
 
 
 @triton.jit
@@ -74,24 +75,23 @@ def _vllm_v2_prepare_kernel(
         if HAS_DRAFT:
             state = _clamp(tl.load(expanded_idx_ptr + _clamp(row, num_logits)).to(tl.int64), num_states)
             draft_step = _clamp(tl.load(expanded_pos_ptr + _clamp(row, num_logits)).to(tl.int64), draft_steps)
-            logits_row = draft_logits_ptr + state * stride_draft_state + draft_step * stride_draft_step
-            row_max = tl.full([], -float("inf"), tl.float32)
-            row_sum = tl.zeros([], tl.float32)
-            for vocab_start in range(0, vocab_size, BLOCK_V):
-                index = vocab_start + vocab
-                x = tl.load(logits_row + index, mask=index < vocab_size, other=-float("inf")).to(tl.float32)
-                new_max = tl.maximum(row_max, tl.max(x, axis=0))
-                row_sum = row_sum * softmax_weight(row_max - new_max, 1.0) + tl.sum(softmax_weight(x - new_max, 1.0))
-                row_max = new_max
+            # The draft row as a one-row tile: the chain kernel's statistics and softmax of a logits row at T = 1.
+            one_row = tl.zeros([1], tl.int64)
+            logits_row = (draft_logits_ptr + state * stride_draft_state + draft_step * stride_draft_step
+                          + one_row)[:, None]
+            unit = tl.full([1], 1.0, tl.float32)
+            row_max, _, row_sum = row_statistics(logits_row, (one_row == 0)[:, None], unit, 0, vocab_size, True, 1,
+                                                 BLOCK_V)
             scale = inverse_norm(row_sum)
             probs_row = draft_probs_ptr + draft * stride_probs
             # The mask as a tile from the start (a scalar & a tile is refused by the interpreter's stores).
             packed_lanes = (vocab * 0 + draft >= 0) & (vocab * 0 + draft < num_drafts)
             for vocab_start in range(0, vocab_size, BLOCK_V):
-                index = vocab_start + vocab
+                index = (vocab_start + vocab)[None, :]
                 in_vocab = index < vocab_size
-                x = tl.load(logits_row + index, mask=in_vocab, other=-float("inf")).to(tl.float32)
-                tl.store(probs_row + index, softmax_weight(x - row_max, 1.0) * scale, mask=packed_lanes & in_vocab)
+                p = row_probabilities(logits_row, index, in_vocab, row_max[:, None], scale[:, None], unit[:, None],
+                                      True)
+                tl.store(probs_row + index, p, mask=packed_lanes[None, :] & in_vocab)
 
 
 @triton.jit

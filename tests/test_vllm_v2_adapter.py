@@ -16,23 +16,11 @@ import torch
 import specdec_kernels as sk
 from conftest import DEVICE
 from markov import SIGNIFICANCE, chi_square_pvalue
-from specdec_kernels import _backend
-from specdec_kernels._extension import cuda_extension_available, extension_ops
 from specdec_kernels.adapters import vllm
+from test_vllm_adapter import backend  # noqa: F401  (the fixture: reference, triton, the CUDA host path)
 
 VOCAB = 20
 MAX_REQS = 8
-
-
-@pytest.fixture(params=["reference", "triton", "cuda"])
-def backend(request, monkeypatch):
-    """A backend name; ``"cuda"`` without a GPU runs the kernels' host programs."""
-    name = request.param
-    if name == "cuda" and DEVICE != "cuda":
-        if not (cuda_extension_available() and "chain_verify_packed" in extension_ops()):
-            pytest.skip("the CUDA extension is not built")
-        monkeypatch.setattr(_backend, "resolve", lambda op_name, backend, device: "cuda")
-    return name
 
 
 def rejection_inputs(cu, temperatures, seeds=None, states=None, first_position=0):
