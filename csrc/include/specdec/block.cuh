@@ -21,6 +21,11 @@
 //   add_relaxed(word, value)                 thread 0 adds to an int32 or int64 word (relaxed);
 //   max_relaxed(word, value)                 thread 0 raises an int64 word to value (relaxed);
 //   arrive(counter)                          release, count in, acquire; the count before;
+//   arrive_last(counter, expected, failed)   arrive, and whether this is the last of `expected`
+//                                            arrivals; a count out of range raises `failed`
+//                                            and is taken back out (faults.cuh);
+//   raise(flag)                              thread 0 sets bit 0 of an int32 failure flag
+//                                            (relaxed; nonzero whatever it held);
 //   reset(counter)                           back to zero (the last arrival only);
 //   fetch_and_clear(word)                    thread 0 swaps an int32 word with 0; every
 //                                            thread gets the value before;
@@ -238,6 +243,27 @@ struct DeviceBlock {
     if (thread() == 0) shared->broadcast = static_cast<int32_t>(atomic_add_acq_rel(counter, Word{1}));
     __syncthreads();
     return shared->broadcast;
+  }
+
+  // arrive(), judged by thread 0 on the full count (faults.cuh, arrival_out_of_range).
+  template <class Word>
+  __device__ __forceinline__ bool arrive_last(Word* counter, Word expected, int32_t* failed) const {
+    __syncthreads();
+    if (thread() == 0) {
+      const Word before = atomic_add_acq_rel(counter, Word{1});
+      const bool damaged = arrival_out_of_range(before, expected);
+      if (damaged) {
+        atomicOr(failed, 1);  // raise(): +1 would take a damaged -1 down to "no fault"
+        atomic_add(counter, wrapping_negative(before));
+      }
+      shared->broadcast = !damaged && before == expected - 1;
+    }
+    __syncthreads();
+    return shared->broadcast != 0;
+  }
+
+  __device__ __forceinline__ void raise(int32_t* flag) const {
+    if (thread() == 0) atomicOr(flag, 1);
   }
 
   __device__ __forceinline__ void reset(int32_t* counter) const {

@@ -351,8 +351,12 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
         *stat_slots.field(split, row, kArgMaxIndex) = best.index;
       }
     }
-    if (block.arrive(arrivals) != arrivals_per_call - 1) return;
+    if (!block.arrive_last(arrivals, arrivals_per_call, arrivals + kChainFailedAfterArrivals)) return;
     block.reset(arrivals);  // last arrival of this call: nobody reads the counter any more
+    if (chain_request_failed(block, args, arrivals)) {  // a damaged arrival count
+      write_failure(block, max_drafts, output_row, args.num_accepted + b);
+      return;
+    }
     write_outputs(block, request, max_drafts, finish_greedy(block, request, args.logits, stat_slots, num_splits),
                   output_row, args.num_accepted + b);
     return;
@@ -396,19 +400,21 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   } else if (!takes_bonus) {
     sample_slice<1>(block, row, key, args.vocab_size, chunk_lo, chunk_hi, chunk_slots);
   }
-  if (block.arrive(arrivals) != arrivals_per_call - 1) return;
+  if (!block.arrive_last(arrivals, arrivals_per_call, arrivals + kChainFailedAfterArrivals)) return;
   block.reset(arrivals);
   if constexpr (kStaged) {
     // Every block read the records before arriving: the stages used go back
     // to zero. What was used is found again from the arguments rather than
     // kept live through the sample pass, where registers are at their cap.
-    clear_used_records(block, staged_records(params, b, WaitFault{}),  // no more waits
-                       load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size));
-    // Every wait of the request is over: one that gave up decides the outcome.
-    if (chain_request_failed(block, args, arrivals)) {
-      write_failure(block, max_drafts, output_row, args.num_accepted + b);
-      return;
+    if (clear_used_records(block, staged_records(params, b, WaitFault{}),  // no more waits
+                           load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size))) {
+      block.raise(arrivals + kChainFailedAfterArrivals);
     }
+  }
+  // Every wait of the request is over: one that gave up, or a damaged arrival count, decides the outcome.
+  if (chain_request_failed(block, args, arrivals)) {
+    write_failure(block, max_drafts, output_row, args.num_accepted + b);
+    return;
   }
   const int64_t token = takes_bonus ? request.bonus_token
                                     : finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);

@@ -251,24 +251,31 @@ SPECDEC_HOST_DEVICE void staged_truncations(const Block& block, TruncationHistog
 // payloads of only the stages staged_truncations ran for these parameters:
 // at K = 4 the whole region is about 165 KB, most of it radix bins, on the
 // request's critical path, and a call that does not truncate has only the
-// first header (chain_stage_stride).
+// first header (chain_stage_stride). Returns whether a header it cleared
+// was damaged before the call (stage_records.cuh, stages_damaged).
 template <class Block>
-SPECDEC_HOST_DEVICE void clear_used_records(const Block& block, const StagedRecords& staged,
+SPECDEC_HOST_DEVICE bool clear_used_records(const Block& block, const StagedRecords& staged,
                                             const TruncationParameters& parameters) {
+  bool damaged = false;
   const auto clear = [&](int64_t* words, int64_t count) {
     for (int64_t word = block.thread(); word < count; word += block.num_threads()) words[word] = 0;
   };
-  const auto clear_stages = [&](int first, int end) {
+  const auto clear_headers = [&](int first, int end) {
+    damaged = stages_damaged(block, staged.header(first), end - first, staged.splits) || damaged;
     clear(staged.header(first), (end - first) * kStageWords);
+  };
+  const auto clear_stages = [&](int first, int end) {
+    clear_headers(first, end);
     int64_t* const from = staged.payload(first, 0);
     clear(from, staged.payload(end, 0) - from);
   };
-  clear(staged.header(kChainStatsStage), kStageWords);
-  if (!parameters.any()) return;
+  clear_headers(kChainStatsStage, kChainStatsStage + 1);
+  if (!parameters.any()) return damaged;
   if (parameters.p_on || parameters.min_p_on) clear_stages(kChainMaxKeyStage, kChainTopKStage);
   if (parameters.k_on) clear_stages(kChainTopKStage, kChainTopKMassStage);
   if (parameters.p_on) clear_stages(kChainTopKMassStage, kChainKeptMassStage);  // top-p's goal and passes
   clear_stages(kChainKeptMassStage, kChainStages);
+  return damaged;
 }
 
 }  // namespace chain_verify_detail

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "specdec/common.cuh"
 
@@ -33,6 +34,25 @@ struct WaitFault {
   int32_t* failed;  // the request's failure flag: the count of its waits that gave up
   bool give_up;     // tests: the block gives up its waits at once
 };
+
+// An arrival count no launch makes (issue 35): negative, or `expected` or
+// more, when `expected` blocks count in from zero. Block::arrive_last treats
+// it as a fault: it raises the request's failure flag (sets its bit 0, so a
+// damaged flag never comes back to 0) and takes the damage
+// back out of the counter (subtracts the count it saw), so the blocks after
+// it count from one and the last of them writes the failure outcome.
+template <class Word>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool arrival_out_of_range(Word before, Word expected) {
+  return before < 0 || before >= expected;
+}
+
+// `-word` wrapping as the device's atomics do (a damaged word may hold the
+// type's smallest value, whose negation overflows: undefined in C++).
+template <class Word>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Word wrapping_negative(Word word) {
+  using Bits = typename std::make_unsigned<Word>::type;
+  return static_cast<Word>(Bits{0} - static_cast<Bits>(word));
+}
 
 // The last block of a request, after every wait of it: clears the failure
 // flag, counts the request as one fault in `errors` (the op's word of the

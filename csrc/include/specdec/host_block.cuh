@@ -183,6 +183,23 @@ struct SimtHostBlock {
     return by_thread_zero([&] { return static_cast<int32_t>((*counter)++); });
   }
 
+  // DeviceBlock::arrive_last, blocks in id order: a damaged count is taken
+  // back out at once, so the counter goes on from one.
+  template <class Word>
+  SPECDEC_HOST_DEVICE bool arrive_last(Word* counter, Word expected, int32_t* failed) const {
+    return by_thread_zero([&] {
+      const Word before = *counter;
+      const bool damaged = arrival_out_of_range(before, expected);
+      *counter = damaged ? Word{1} : before + 1;
+      if (damaged) *failed |= 1;
+      return static_cast<int32_t>(!damaged && before == expected - 1);
+    }) != 0;
+  }
+
+  SPECDEC_HOST_DEVICE void raise(int32_t* flag) const {
+    if (tid == 0) *flag |= 1;
+  }
+
   SPECDEC_HOST_DEVICE void reset(int32_t* counter) const {
     if (tid == 0) *counter = 0;
   }

@@ -57,6 +57,22 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void publish_slice(const Block& block, i
   block.arrive(record + kPublishedWord);
 }
 
+// After the request's last arrival, every stage its blocks used is complete
+// (published `splits` times) and every other stage untouched (0). Any other
+// count was there before the call: damaged words, a count in range too,
+// which no wait could tell from a stage in progress. Whether one of the
+// `stages` records from `records` (kStageWords words apart) has one; every
+// thread gets the answer.
+template <class Block>
+SPECDEC_HOST_DEVICE bool stages_damaged(const Block& block, const int64_t* records, int64_t stages, int64_t splits) {
+  int64_t first_damaged = stages;
+  for (int64_t stage = block.thread(); stage < stages; stage += block.num_threads()) {
+    const int64_t published = block.load_published(records + stage * kStageWords + kPublishedWord);
+    if (published != 0 && published != splits && stage < first_damaged) first_damaged = stage;
+  }
+  return block.block_all_reduce(first_damaged, MinInt64()) < stages;
+}
+
 // Waits until every slice of the stage is published (all were taken by
 // running blocks), or until the request failed (faults.cuh); false once it
 // has.

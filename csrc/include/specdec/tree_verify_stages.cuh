@@ -129,12 +129,17 @@ template <class Block>
 SPECDEC_HOST_DEVICE bool end_request(const Block& block, const SplitPlan& plan, int64_t max_nodes, int32_t* errors) {
   int64_t* end = plan.records + max_nodes * kStageWords;
   block.max_relaxed(end + kStagesUsedWord, plan.stage);
-  if (block.arrive(end + kEndedWord) != plan.splits - 1) return false;  // after every read of the records
+  // After every read of the records; a damaged count raises the failure flag.
+  if (!block.arrive_last(end + kEndedWord, plan.splits, plan.fault.failed)) return false;
   // At most the request's records before its end record, whatever the word held when the call started.
   const int64_t recorded = block.load_published(end + kStagesUsedWord);
-  const int64_t used = recorded < 0 ? 0 : (recorded > max_nodes ? max_nodes : recorded);
+  const bool used_damaged = recorded > max_nodes;
+  const int64_t used = used_damaged ? max_nodes : (recorded < 0 ? 0 : recorded);
+  if (used_damaged || stages_damaged(block, plan.records, used, plan.splits)) block.raise(plan.fault.failed);
   const bool failed = count_give_ups(block, plan.fault.failed, errors);
-  for (int64_t word = block.thread(); word < used * kStageWords; word += block.num_threads()) {
+  // After a fault every record: it may have left any of them damaged.
+  const int64_t cleared = failed ? max_nodes : used;
+  for (int64_t word = block.thread(); word < cleared * kStageWords; word += block.num_threads()) {
     plan.records[word] = 0;
   }
   if (block.thread() == 0) {
