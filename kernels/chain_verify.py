@@ -51,7 +51,7 @@ Truncation (top-k / top-p / min-p). A threshold needs the whole row.
   stage: the request's programs take its slices from a counter in the
   request's stage record, add their integer partials atomically, publish
   and wait for all (the take/publish/wait of
-  ``kernels/tree_verify_stages.py``). Stage 0 is the logits normalisers (in
+  ``kernels/stage_records.py``). Stage 0 is the logits normalisers (in
   place of the two waves); the stages after it are the truncation search of
   every row a decision may need, ``0..n_b`` (``0..n_b - 1`` with a bonus id in ``[0, V)``),
   all at once, since the stop is unknown until the thresholds are: rows past
@@ -93,14 +93,14 @@ Offsets that multiply a stride are 64-bit (``row_at``).
 import triton
 import triton.language as tl
 
-from .chain_verify_finish import (arrive, count_give_ups, greedy_decisions, sampled_tokens, wait_for,
-                                  write_outputs)
+from .chain_verify_finish import greedy_decisions, sampled_tokens, write_outputs
 from .chain_verify_rows import (acceptance, inverse_norm, proposal_probability, request_temperatures, row_at,
                                 row_statistics, sample_slice, scan_statistics)
 from .chain_verify_stages import clear_request_records, request_records, staged_statistics, staged_thresholds
 from .faults import CHAIN_WAIT_GAVE_UP
 from .rng import ACCEPT_STREAM, random_words, request_key
 from .sampling import row_probabilities, softmax_weight
+from .stage_records import arrive, count_give_ups, wait_for
 from .truncation import row_truncation, truncated_probability, truncation_parameters
 
 

@@ -1,8 +1,7 @@
 """The steps of ``kernels/chain_verify.py`` that read other programs' results.
 
-``wait_for`` is the bounded wait of wave 2 on wave 1; the rest is run by
-the program that writes a row block's outputs (the last to arrive, or the
-only one when a program holds whole rows). It is vectorised over the slices
+Run by the program that writes a row block's outputs (the last to arrive,
+or the only one when a program holds whole rows). It is vectorised over the slices
 and chunks of the row block (``SPLIT_TILE`` slices / ``CHUNK_TILE`` chunks
 per step, one step unless the row has more), so the finishing program makes
 a few dependent round trips to L2, not one per slice.
@@ -11,71 +10,8 @@ a few dependent round trips to L2, not one per slice.
 import triton
 import triton.language as tl
 
-from .._backend import triton_interpreter_enabled  # the package's one rule for the interpreter
 from .chain_verify_rows import sample_slice
 from .sampling import choice_draw, choose_chunk, chunk_sums
-
-# Polls before a wait gives up (each is an L2 round trip, ~1 us: seconds in
-# all, far beyond any wait on a program that is running). The interpreter
-# runs programs one after another, so a wait not over at its first look
-# never will be: it gives up at once there (as the CUDA host path's does)
-# instead of spinning for minutes of numpy.
-SPIN_LIMIT = tl.constexpr(0 if triton_interpreter_enabled() else 1 << 22)
-
-
-@triton.jit
-def wait_for(counter_ptr, expected, failed_ptr, give_up):
-    """Wait (acquire) until ``*counter_ptr >= expected``, or until the request has failed (``*failed_ptr != 0``).
-
-    A wait that reaches ``SPIN_LIMIT`` polls, sees a count no launch makes
-    (negative, or past ``expected``), or is told to ``give_up`` (the
-    tests' forced fault, ``specdec_kernels/_faults.py``), gives up: it adds
-    one to ``*failed_ptr``, the request's failure flag, which the request's
-    last program reads, counts into the device's fault counters and clears,
-    writing the failure outcome. A failed request's programs stop waiting:
-    what they read no longer matters, and each of them would otherwise give
-    up only after ``SPIN_LIMIT`` polls of its own. Returns whether the request
-    has failed.
-    """
-    seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
-    failed = tl.atomic_add(failed_ptr, 0, sem="relaxed")
-    polls = 0
-    while (seen >= 0) & (seen < expected) & (failed == 0) & (polls < SPIN_LIMIT) & (give_up == 0):
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
-        failed = tl.atomic_add(failed_ptr, 0, sem="relaxed")
-        polls += 1
-    # A count below 0 or past `expected` was never made by a launch (damaged words): given up at once.
-    gave_up = (failed == 0) & ((seen != expected) | (give_up != 0))
-    if gave_up:
-        tl.atomic_add(failed_ptr, 1, sem="relaxed")
-    tl.debug_barrier()
-    return gave_up | (failed != 0)
-
-
-@triton.jit
-def arrive(counter_ptr, expected, fault_ptr):
-    """Count this program in at ``*counter_ptr`` (acquire-release); returns whether it is the last of
-    ``expected``. A count no launch makes (negative, or ``expected`` or more: damaged words) is a fault: the
-    program adds one at ``fault_ptr`` (the request's failure flag, so that its last program writes the failure
-    outcome and counts the fault; or a word of the fault counters) and takes the damage back out (subtracts
-    what it saw, so the programs after it count from one)."""
-    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
-    damaged = (arrived < 0) | (arrived >= expected)
-    tl.atomic_add(fault_ptr, 1, mask=damaged, sem="relaxed")
-    tl.atomic_add(counter_ptr, -arrived, mask=damaged, sem="relaxed")
-    return tl.where(damaged, 0, arrived) == expected - 1
-
-
-@triton.jit
-def count_give_ups(failed_ptr, errors_ptr):
-    """The last program of a request (or row block), after every wait: clears its failure flag, counts the
-    request (row block) as one fault in the device's fault counters if any of its waits gave up, and returns
-    whether one did."""
-    gave_up = tl.atomic_xchg(failed_ptr, 0, sem="relaxed")
-    if gave_up != 0:  # one fault a failed request (or row block): the flag may hold any value when damaged
-        tl.atomic_add(errors_ptr, 1, sem="relaxed")
-    return gave_up != 0
-
 
 @triton.jit
 def _combine_argmax(stat_max_ptr, stat_arg_ptr, requests, rows, num_splits, max_drafts,

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .rng import uniform_from_word
 from .sampling import chunk_draw, chunk_pick, fixed_point, row_probabilities, softmax_weight
-from .truncation_measures import truncated_probability
+from .truncation import truncated_probability
 
 # The sampler's pass is software-pipelined: the loads of the next LOAD_STAGES - 1 chunks are issued (cp.async
 # into shared memory) while a chunk is reduced. Without it each iteration waits out its own DRAM latency, and

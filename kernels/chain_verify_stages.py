@@ -4,7 +4,7 @@ Used when a launch truncates (top-k / top-p / min-p) and its batch is small
 enough to split rows over programs (``launchers/chain_verify.py``). A
 program holds one request and one fixed slice of its vocabulary; the passes
 that need whole rows before anything can be decided are *stages*, shared
-through the request's stage records (``kernels/truncation_stages.py``:
+through the request's stage records (``kernels/truncation.py``, ``measured``:
 take slices from the record's counter, add, publish, wait for all):
 
 0. logits only: per-slice ``(max, sum exp)`` (and argmax) of the target
@@ -22,9 +22,8 @@ import triton
 import triton.language as tl
 
 from .chain_verify_rows import row_at, scan_statistics
-from .tree_verify_stages import publish, take_slice, wait_for_stage
-from .truncation import NUM_STAGES, clear_search_records, staged_truncation
-from .truncation_stages import clear_records, record_words
+from .stage_records import publish, take_slice, wait_for_stage
+from .truncation import NUM_STAGES, clear_records, clear_search_records, record_words, staged_truncation
 
 _NORMALISER_STAGE = tl.constexpr(0)
 

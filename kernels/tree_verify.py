@@ -42,7 +42,7 @@ a greedy argmax, truncation thresholds) is an *entry* stage: the first
 program to take it computes them with the one-program code (the same bits)
 and publishes them; the others wait for them. The vocabulary passes, each
 rejection's totals and the final sample's chunks, are stages shared through records
-in the workspace (``kernels/tree_verify_stages.py``): a program takes
+in the workspace (``kernels/stage_records.py``, ``kernels/tree_verify_stages.py``): a program takes
 slices of whole sampler chunks from the stage's counter until none is left,
 adds its slices' integer totals atomically, publishes, and waits until
 every slice is published. A slice is taken only by a running program, so a
@@ -80,9 +80,9 @@ from .rng import ACCEPT_STREAM, random_words, request_key
 from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
                        normaliser_reciprocal, row_probabilities, split_sums)
 from .faults import TREE_WAIT_GAVE_UP
-from .tree_verify_stages import (FAILED_WORD, STAGE_WORDS, end_record, end_request, entry_statistics, publish,
-                                 publish_entry, publish_slice, replay_rejection, replayed_rejection, stage_totals,
-                                 take_slice, wait_for_stage)
+from .stage_records import STAGE_WORDS, publish, take_slice, wait_for_stage
+from .tree_verify_stages import (FAILED_WORD, end_record, end_request, entry_statistics, publish_entry, publish_slice,
+                                 replay_rejection, replayed_rejection, stage_totals)
 from .truncation import row_truncation, truncated_probability, truncation_parameters
 
 RESIDUAL_HAD_MASS = tl.constexpr(1)  # pending_kind's flags

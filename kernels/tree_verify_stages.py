@@ -35,7 +35,7 @@ the current node's rejections in registers to replay them
 (:func:`replay_rejection`), so a pass reads no record per tile.
 
 End record: word 0 counts the programs out, word 2 is nonzero once a wait
-of the request gave up (``kernels/chain_verify_finish.py``, ``wait_for``).
+of the request gave up (``kernels/stage_records.py``, ``wait_for``).
 The last program of the request to end puts every record of the request
 back to zero (``tree_size + 2`` lines of 128 bytes), so the next call starts
 from zeros without a memset launch, whatever the programs did (one that gave
@@ -46,11 +46,8 @@ the words held when the call started.
 import triton
 import triton.language as tl
 
-from .chain_verify_finish import arrive, count_give_ups, wait_for
+from .stage_records import STAGE_WORDS, arrive, count_give_ups, publish
 
-STAGE_WORDS = tl.constexpr(16)
-TAKEN_WORD = tl.constexpr(0)
-PUBLISHED_WORD = tl.constexpr(1)
 TOTALS_WORD = tl.constexpr(2)
 ENTRY_WORD = tl.constexpr(2)
 _HIGH_SHIFT = tl.constexpr(32)  # replay reciprocals: p's float32 bits below bit 32, q's above,
@@ -59,16 +56,6 @@ _LOW_MASK = tl.constexpr((1 << 32) - 1)
 _MAGNITUDE_MASK = tl.constexpr((1 << 31) - 1)
 ENDED_WORD = tl.constexpr(0)  # end record: programs counted out,
 FAILED_WORD = tl.constexpr(2)  # nonzero once a wait of the request gave up
-_NOTHING_LEFT = tl.constexpr(1 << 62)  # what take_slice returns for a damaged count: past any ``splits``
-
-
-@triton.jit
-def take_slice(record):
-    """The next untaken slice of the stage (``>= splits`` once all are taken). A negative count was never made by
-    a launch (damaged words): it takes nothing, so no slice index leaves ``[0, splits)``; the stage's wait then
-    ends the request with the failure outcome, or finds the slices published by the programs that took them."""
-    taken = tl.atomic_add(record + TAKEN_WORD, 1, sem="relaxed")
-    return tl.where(taken < 0, _NOTHING_LEFT, taken)
 
 
 @triton.jit
@@ -85,24 +72,9 @@ def publish_slice(record, residual_high, residual_low, target_high, target_low, 
 
 
 @triton.jit
-def publish(record, slices):
-    """Release ``slices`` slices of the stage, after every store and atomic add the program made for them
-    (the final sample's chunk results; the truncation search's partials)."""
-    tl.debug_barrier()  # every thread's stores issued before the release
-    tl.atomic_add(record + PUBLISHED_WORD, slices, sem="release")
-
-
-@triton.jit
 def end_record(history, tree_size):
     """The request's end record (after its ``tree_size + 1`` stage records)."""
     return history + (tree_size.to(tl.int64) + 1) * STAGE_WORDS
-
-
-@triton.jit
-def wait_for_stage(record, splits, failed_ptr, give_up):
-    """Wait until every slice of the stage is published (all were taken by running programs), or until the
-    request failed (``wait_for``); returns whether it failed."""
-    return wait_for(record + PUBLISHED_WORD, splits, failed_ptr, give_up)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Top-k, top-p and min-p truncation of target rows, as ``@triton.jit`` helpers shared by the verify kernels.
+"""Top-k, top-p and min-p truncation of target rows: the one home of the search, as ``@triton.jit`` helpers.
 
 A twin of ``specdec_kernels/reference/_truncation.py``, whose docstring
 holds the rule: a token is kept iff its key (the bit pattern of its float32
@@ -25,22 +25,62 @@ top-p search, one for the kept total: at most 20 reads of the row, which
 the verify kernels then read again to test and sample. It is the first
 version: a histogram kept in shared memory would need 4 passes.
 
-Each pass is a *measure* (``kernels/truncation_measures.py``): over the
-whole row in one program (:func:`row_truncation`), or, in the chain
-kernel's staged plan (:func:`staged_truncation`), shared by the programs of
-a request slice by slice through numbered stage records
-(``kernels/truncation_stages.py``). The search below is the same code for
-both, so the thresholds and reciprocals are the same bits.
+The interface: the kernels pass a row and its statistics in and get
+``(threshold, reciprocal)`` out (:func:`row_truncation`,
+:func:`staged_truncation`), then apply them with
+:func:`truncated_probability`. Inside, top down:
+
+* the search (:func:`_truncation`, :func:`_largest_key`) asks for one
+  *measure* per pass;
+* :func:`measured` takes it over the whole row in one program, or, in the
+  chain kernel's staged plan, shares it among the programs of a request
+  through numbered *stage records*, with the take/publish/wait protocol of
+  the tree kernel's split plan (``kernels/stage_records.py``): a
+  program takes slices of whole sampler chunks from the record's counter
+  until none is left, measures them, adds its partials into the record as
+  int64 atomics (an integer max for ``MAX_KEY``), publishes the number of
+  slices it measured (a release after all its adds), then waits until all
+  ``num_splits`` are published and reads the totals. A slice is taken only
+  by a running program, so no wait depends on one that has not started;
+  the interpreter, which runs programs one after another, has a request's
+  first program take every slice. The totals are integer sums, so they are
+  the whole-row measure bit for bit, whoever measured which slice;
+* :func:`measure_slice` reads a slice ``[vocab_lo, vocab_hi)`` of each row
+  and reduces it. Every measure returns a pair of ``[ROWS, CANDIDATES]``
+  int64 tiles ``(first, second)``, the shape a stage record holds:
+
+  * ``MAX_KEY``: the largest key in column 0 of ``first`` (0 for rows not
+    measured: keys of probabilities are non-negative);
+  * ``MASS``: the split mass ``(>> 31, & (2**31 - 1))`` of the keys at or
+    above ``floor``, in column 0;
+  * ``COUNTS``: per radix candidate, the number of keys at or above it
+    (``first``);
+  * ``MASSES``: per radix candidate, the split mass at or above it.
+
+Record of a stage, ``record_words(ROWS)`` int64 at
+``records + stage * record_words(ROWS)``: a 128-byte header line (word 0
+slices taken, word 1 slices published, as ``tree_verify_stages``), then the
+payload ``[ROWS, CANDIDATES, 2]`` (``first``, ``second`` of each measure).
+Stages are numbered by the search (``_MAX_KEY_STAGE`` ... ``NUM_STAGES``);
+one a request skips is left at zero. The request's last program to end
+zeroes the records of the stages it used (:func:`clear_search_records`), so
+no memset precedes a launch.
 """
 
 import triton
 import triton.language as tl
 
-from .sampling import normaliser_reciprocal
-from .truncation_measures import (CANDIDATES, COUNTS, MASS, MASSES, MAX_KEY, RADIX_BITS, clean_probability,
-                                  probability_key, truncated_probability)
-from .truncation_stages import clear_records, measured
+from .sampling import fixed_point, normaliser_reciprocal, row_probabilities, split_sums
+from .stage_records import STAGE_WORDS, publish, take_slice, wait_for_stage
 
+RADIX_BITS = tl.constexpr(4)
+CANDIDATES = tl.constexpr(16)  # 2**RADIX_BITS
+# The measures (see the module docstring).
+MAX_KEY = tl.constexpr(0)
+MASS = tl.constexpr(1)
+COUNTS = tl.constexpr(2)
+MASSES = tl.constexpr(3)
+_LOW31 = tl.constexpr((1 << 31) - 1)
 _KEY_BITS = tl.constexpr(31)  # keys of probabilities in [0, 1] are below 2**30; the search covers 31 bits
 _STEPS = tl.constexpr(8)  # ceil(_KEY_BITS / RADIX_BITS)
 # Stage numbers of the staged search (fixed, so a skipped search leaves its records unused); stage 0 is the
@@ -118,7 +158,7 @@ def _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_
                 inverse_temperature, vocab_size, records, chunks_per_split, num_splits, failed_ptr, give_up,
                 STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
                 SEARCH_BLOCK: tl.constexpr):
-    """:func:`row_truncation`, its passes whole-row or staged (``kernels/truncation_stages.py``).
+    """:func:`row_truncation`, its passes whole-row or staged (:func:`measured`).
 
     Staged, a search runs where any of the ``ROWS`` rows needs it: the rows
     are one request's, so every program of it runs the same stages.
@@ -182,7 +222,7 @@ def staged_truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on
                       give_up, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
                       SEARCH_BLOCK: tl.constexpr):
     """:func:`row_truncation` of ``ROWS`` rows of ONE request, every pass shared by the request's
-    ``num_splits`` programs through its stage records ``records`` (``kernels/truncation_stages.py``; slices of
+    ``num_splits`` programs through its stage records ``records`` (:func:`measured`; slices of
     ``chunks_per_split`` chunks of ``BLOCK_V`` tokens). Every program of the request must call it, with the same
     parameters; the bits are :func:`row_truncation`'s."""
     return _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
@@ -203,3 +243,170 @@ def clear_search_records(records, truncating, k_on, p_on, ROWS: tl.constexpr):
         if tl.max((truncated & p_on).to(tl.int32), axis=0) > 0:
             clear_records(records, _GOAL_STAGE, _KEPT_STAGE, ROWS)
         clear_records(records, _KEPT_STAGE, NUM_STAGES, ROWS)
+
+
+@triton.jit
+def record_words(ROWS: tl.constexpr):
+    """int64 words of one stage record of ``ROWS`` rows (``launchers/chain_verify.py`` sizes the same)."""
+    return STAGE_WORDS + ROWS * CANDIDATES * 2
+
+
+@triton.jit
+def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inverse_temperature, vocab_size,
+             records, stage, chunks_per_split, num_splits, failed_ptr, give_up,
+             KIND: tl.constexpr, STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
+             BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
+    """The whole-row measure ``KIND`` of the searching rows (``measure_slice``'s arguments): measured here, or,
+    ``STAGED``, from stage ``stage`` of the request's ``records``, which every program of the request calls.
+
+    ``BLOCK_V`` is the sampler's chunk (a slice is ``chunks_per_split`` of them) and, whole-row, the max / mass
+    tile."""
+    if STAGED:
+        first = tl.zeros((ROWS, CANDIDATES), tl.int64)
+        second = tl.zeros((ROWS, CANDIDATES), tl.int64)
+        record = records + stage * record_words(ROWS)
+        measured_slices = 0
+        taken = take_slice(record)
+        while taken < num_splits:
+            vocab_lo = taken.to(tl.int32) * chunks_per_split * BLOCK_V  # 32-bit indices, as the whole-row search
+            vocab_hi = tl.minimum(vocab_lo + chunks_per_split * BLOCK_V, vocab_size)
+            # The max / mass tiles as wide as the candidate tile: ROWS rows at once, in registers.
+            slice_first, slice_second = measure_slice(
+                row, searching, candidates, floor, vocab_lo, vocab_hi, row_max, row_inverse_norm,
+                inverse_temperature, KIND, LOGITS, ROWS, SEARCH_BLOCK * CANDIDATES, SEARCH_BLOCK)
+            if KIND == MAX_KEY:
+                first = tl.maximum(first, slice_first)
+            else:
+                first += slice_first
+            second += slice_second
+            measured_slices += 1
+            taken = take_slice(record)
+        # One atomic per nonzero word and program (not per slice): most candidates of a step count nothing.
+        # Payload [ROWS, CANDIDATES, 2]: first, second.
+        first_words = (record + STAGE_WORDS + (tl.arange(0, ROWS)[:, None] * CANDIDATES
+                                               + tl.arange(0, CANDIDATES)[None, :]) * 2)
+        if KIND == MAX_KEY:
+            tl.atomic_max(first_words, first, mask=first != 0, sem="relaxed")
+        else:
+            tl.atomic_add(first_words, first, mask=first != 0, sem="relaxed")
+            tl.atomic_add(first_words + 1, second, mask=second != 0, sem="relaxed")
+        publish(record, measured_slices)
+        wait_for_stage(record, num_splits, failed_ptr, give_up)
+        first = tl.load(first_words, cache_modifier=".cg")
+        second = tl.load(first_words + 1, cache_modifier=".cg")
+    else:
+        first, second = measure_slice(row, searching, candidates, floor, 0, vocab_size, row_max, row_inverse_norm,
+                                      inverse_temperature, KIND, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+    return first, second
+
+
+@triton.jit
+def clear_records(records, first_stage, end_stage, ROWS: tl.constexpr):
+    """Zero the records of stages ``[first_stage, end_stage)`` (the request's last program, after every program
+    read them): 1 KB a store step, 2.1 KB a record of 8 rows."""
+    words = tl.arange(0, 8 * STAGE_WORDS)
+    start_word = first_stage * record_words(ROWS)
+    end_word = end_stage * record_words(ROWS)
+    for start in range(start_word, end_word, 8 * STAGE_WORDS):
+        tl.store(records + start + words, tl.zeros((8 * STAGE_WORDS,), tl.int64), mask=start + words < end_word)
+
+
+@triton.jit
+def clean_probability(p):
+    """``p`` with NaN and negatives as ``+0.0`` and values above 1 as 1 (the reference's ``clean``)."""
+    return tl.where(p > 0.0, tl.minimum(p, 1.0), 0.0)
+
+
+@triton.jit
+def probability_key(cleaned):
+    """int32 key of a cleaned probability: its bit pattern, which orders like the value."""
+    return cleaned.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def truncated_probability(p, threshold, reciprocal, truncating):
+    """The truncated row's entry for probability ``p``: ``float32(W * r)`` if kept, else 0; ``p`` where not truncating.
+
+    ``threshold``, ``reciprocal`` and ``truncating`` broadcast against ``p``
+    (from :func:`row_truncation` / :func:`staged_truncation`). The entry is ``_sampling.normalise``'s.
+    """
+    cleaned = clean_probability(p)
+    kept = probability_key(cleaned) >= threshold
+    value = (fixed_point(cleaned).to(tl.float64) * reciprocal).to(tl.float32)
+    return tl.where(truncating, tl.where(kept, value, 0.0), p)
+
+
+@triton.jit
+def _tile(row, index, mask, row_max, row_inverse_norm, inverse_temperature, LOGITS: tl.constexpr):
+    """Keys and fixed-point weights of a tile of each row's probabilities (padding lanes: key -1, weight 0)."""
+    cleaned = clean_probability(row_probabilities(row, index, mask, row_max, row_inverse_norm,
+                                                  inverse_temperature, LOGITS))
+    return tl.where(mask, probability_key(cleaned), -1), fixed_point(cleaned)
+
+
+@triton.jit
+def _in_column_zero(value, ROWS: tl.constexpr):
+    """``[ROWS]`` int values as column 0 of a ``[ROWS, CANDIDATES]`` int64 tile (the rest 0)."""
+    columns = tl.arange(0, CANDIDATES)[None, :]
+    return tl.where(columns == 0, value.to(tl.int64)[:, None], tl.zeros((ROWS, CANDIDATES), tl.int64))
+
+
+@triton.jit
+def _candidate_measures(row, searching, candidates, vocab_lo, vocab_hi, row_max, row_inverse_norm,
+                        inverse_temperature, BY_MASS: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
+                        SEARCH_BLOCK: tl.constexpr):
+    """Per row and candidate (``[ROWS, CANDIDATES]`` int32 keys), the count or split mass of keys ``>=`` it."""
+    vocab = tl.arange(0, SEARCH_BLOCK)[None, None, :]
+    bounds = candidates[:, :, None]
+    count = tl.zeros((ROWS, CANDIDATES), tl.int32)
+    high = tl.zeros((ROWS, CANDIDATES), tl.int64)
+    low = tl.zeros((ROWS, CANDIDATES), tl.int64)
+    for start in range(vocab_lo, vocab_hi, SEARCH_BLOCK):
+        index = start + vocab
+        key, weight = _tile(row[:, :, None], index, searching[:, None, None] & (index < vocab_hi),
+                            row_max[:, :, None], row_inverse_norm[:, :, None], inverse_temperature[:, :, None],
+                            LOGITS)
+        reaches = key >= bounds
+        if BY_MASS:
+            high += tl.sum(tl.where(reaches, weight >> 31, 0), axis=2)
+            low += tl.sum(tl.where(reaches, weight & _LOW31, 0), axis=2)
+        else:
+            count += tl.sum(reaches.to(tl.int32), axis=2)
+    if BY_MASS:
+        return high, low
+    else:
+        return count.to(tl.int64), low
+
+
+@triton.jit
+def measure_slice(row, searching, candidates, floor, vocab_lo, vocab_hi, row_max, row_inverse_norm,
+                  inverse_temperature, KIND: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
+                  BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
+    """``(first, second)`` (see the module docstring) of ``[vocab_lo, vocab_hi)`` of the ``searching`` rows.
+
+    ``row`` and the statistics are ``[ROWS, 1]``; ``candidates`` is ``[ROWS,
+    CANDIDATES]`` (``COUNTS`` / ``MASSES``), ``floor`` ``[ROWS]`` (``MASS``).
+    """
+    vocab = tl.arange(0, BLOCK_V)[None, :]
+    if KIND == MAX_KEY:
+        found = tl.zeros((ROWS,), tl.int32)
+        for start in range(vocab_lo, vocab_hi, BLOCK_V):
+            index = start + vocab
+            key, _ = _tile(row, index, searching[:, None] & (index < vocab_hi), row_max, row_inverse_norm,
+                           inverse_temperature, LOGITS)
+            found = tl.maximum(found, tl.max(key, axis=1))
+        return _in_column_zero(found, ROWS), tl.zeros((ROWS, CANDIDATES), tl.int64)
+    elif KIND == MASS:
+        high = tl.zeros((ROWS,), tl.int64)
+        low = tl.zeros((ROWS,), tl.int64)
+        for start in range(vocab_lo, vocab_hi, BLOCK_V):
+            index = start + vocab
+            key, weight = _tile(row, index, searching[:, None] & (index < vocab_hi), row_max, row_inverse_norm,
+                                inverse_temperature, LOGITS)
+            tile_high, tile_low = split_sums(tl.where(key >= floor[:, None], weight, 0))
+            high += tile_high
+            low += tile_low
+        return _in_column_zero(high, ROWS), _in_column_zero(low, ROWS)
+    else:
+        return _candidate_measures(row, searching, candidates, vocab_lo, vocab_hi, row_max, row_inverse_norm,
+                                   inverse_temperature, KIND == MASSES, LOGITS, ROWS, SEARCH_BLOCK)

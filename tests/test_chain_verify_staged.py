@@ -119,13 +119,13 @@ def test_logits_give_the_walk_plans_tokens(monkeypatch, device):
 def test_the_launchers_mirrors_of_kernel_constants_agree():
     """The launchers size the stage records from copies of the kernels' constants (they cannot import the
     kernels modules at load time: Triton is optional); a kernel change must be mirrored."""
-    from specdec_kernels._kernels import tree_verify_stages, truncation, truncation_measures
+    from specdec_kernels._kernels import tree_verify_stages, truncation
     from specdec_kernels.launchers import tree_verify as tree_launcher
 
     assert launcher.STAGES_PER_REQUEST == truncation.NUM_STAGES.value
     assert launcher.STAGE_HEADER_WORDS == tree_verify_stages.STAGE_WORDS.value
     assert tree_launcher.STAGE_WORDS == tree_verify_stages.STAGE_WORDS.value
-    assert launcher.SEARCH_CANDIDATES == truncation_measures.CANDIDATES.value
+    assert launcher.SEARCH_CANDIDATES == truncation.CANDIDATES.value
 
 
 @pytest.mark.parametrize("multiprocessors", [None, 132])

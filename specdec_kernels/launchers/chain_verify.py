@@ -19,7 +19,7 @@ CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py); a program's s
 # (kernels/truncation.py): its vocabulary tile is that much narrower on GPUs.
 SEARCH_CANDIDATES = 16
 # Stage records of the staged plan (kernels/chain_verify_stages.py): NUM_STAGES records per request, each a
-# 16-word header line and [BLOCK_K1, SEARCH_CANDIDATES, 2] int64 partials (kernels/truncation_stages.py).
+# 16-word header line and [BLOCK_K1, SEARCH_CANDIDATES, 2] int64 partials (kernels/truncation.py).
 STAGES_PER_REQUEST = 20
 STAGE_HEADER_WORDS = 16
 # Truncating launches whose rows would be split share each row's truncation search among the programs of a
@@ -79,7 +79,7 @@ def search_block(block_v: int, search_tile: int, search_rows: int) -> int:
 
 
 def stage_record_words(block_k1: int) -> int:
-    """int64 words of one stage record (``record_words`` in kernels/truncation_stages.py)."""
+    """int64 words of one stage record (``record_words`` in kernels/truncation.py)."""
     return STAGE_HEADER_WORDS + block_k1 * SEARCH_CANDIDATES * 2
 
 
