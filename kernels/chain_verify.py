@@ -94,12 +94,13 @@ import triton
 import triton.language as tl
 
 from .chain_verify_finish import greedy_decisions, sampled_tokens, write_outputs
-from .chain_verify_rows import (acceptance, inverse_norm, proposal_probability, request_temperatures, row_at,
-                                row_statistics, sample_slice, scan_statistics)
+from .chain_verify_rows import (acceptance, inverse_norm, processed_probability, proposal_probability,
+                                request_temperatures, row_at, row_statistics, sample_slice, scan_statistics,
+                                target_probability)
 from .chain_verify_stages import clear_request_records, request_records, staged_statistics, staged_thresholds
 from .faults import CHAIN_WAIT_GAVE_UP
 from .rng import ACCEPT_STREAM, random_words, request_key
-from .sampling import row_probabilities, softmax_weight
+from .sampling import given_values, softmax_weight
 from .stage_records import arrive, count_give_ups, wait_for
 from .truncation import row_truncation, truncated_probability, truncation_parameters
 
@@ -147,17 +148,17 @@ def _walk_rows(
                                                    vocab_size, LOGITS, ROWS, BLOCK_V)
         row_inverse_norm = inverse_norm(row_sum)
         gather = drafted & sampled
-        p = row_probabilities(target_row, token, gather, row_max, row_inverse_norm, inverse_temperature, LOGITS)
         threshold = stop_threshold
         reciprocal = stop_reciprocal
         if TRUNCATE:
-            needs_threshold = reading & (truncating != 0)
+            needs_threshold = reading & (truncating != 0)  # every gathered row of a truncating request
             if tl.max(needs_threshold.to(tl.int32), axis=0) > 0:
                 threshold, reciprocal = row_truncation(
                     target_row[:, None], needs_threshold, top_k, top_p, min_p, k_on, p_on, min_p_on,
                     row_max[:, None], row_inverse_norm[:, None], inverse_temperature[:, None], vocab_size,
                     LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
-                p = truncated_probability(p, threshold, reciprocal, truncating != 0)
+        p = target_probability(target_row, token, gather, (row_max, row_inverse_norm, inverse_temperature),
+                               (threshold, reciprocal, truncating != 0), LOGITS, TRUNCATE)
         if HAS_DRAFT:
             q = proposal_probability(tl.load(draft_row + token, mask=gather, other=0.0).to(tl.float32))
         else:
@@ -417,8 +418,9 @@ def _chain_verify_kernel(
             in_chain, token_ids, valid, safe_ids = _draft_tokens(first_ids, active, num_drafts, vocab_size,
                                                                  BLOCK_K1)
             gather = valid & sampled[:, None]
-            target_at = tl.load(row_at(target_rows[:, None], positions, stride_target_k) + safe_ids, mask=gather,
-                                other=0.0).to(tl.float32)
+            # Read before the statistics, which may wait on other programs: the loads are in flight meanwhile.
+            target_given = given_values(row_at(target_rows[:, None], positions, stride_target_k), safe_ids, gather,
+                                        LOGITS)
             if HAS_DRAFT:
                 draft_at = proposal_probability(tl.load(
                     row_at(draft_rows[:, None], positions, stride_draft_k) + safe_ids, mask=gather,
@@ -431,7 +433,8 @@ def _chain_verify_kernel(
                 target_max, target_inverse_norm = _combine_normalisers(
                     stat_max_ptr, stat_sum_ptr, requests, sampled, num_splits, max_drafts, inverse_temperature,
                     ROWS, BLOCK_K1, SPLIT_TILE)
-                target_at = softmax_weight(target_at - target_max, inverse_temperature[:, None]) * target_inverse_norm
+            target_at = processed_probability(target_given, (target_max, target_inverse_norm, inverse_temperature[:, None]),
+                                              None, LOGITS, False)
             threshold = tl.zeros((ROWS, BLOCK_K1), tl.int32)
             reciprocal = tl.zeros((ROWS, BLOCK_K1), tl.float64)
             if STAGED and TRUNCATE:
@@ -441,6 +444,9 @@ def _chain_verify_kernel(
                         target_max, target_inverse_norm, inverse_temperature, vocab_size, chunks_per_split,
                         num_splits, stride_target_k, failed_ptr, give_up, LOGITS, BLOCK_K1,
                         BLOCK_V, SEARCH_BLOCK)
+                    # The core's truncation step (processed_probability's second half), once the thresholds'
+                    # stages are done: the whole core applied after them spilled Triton 3.6's logits staged
+                    # compile 4-12 bytes at its register cap.
                     target_at = truncated_probability(target_at, threshold, reciprocal, truncating[:, None] != 0)
             k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                          requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)

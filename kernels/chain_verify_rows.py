@@ -1,6 +1,9 @@
-"""Reads of target and draft rows shared by the chain and tree kernels.
+"""Reads of target and draft rows shared by the chain and tree kernels: the Triton row core.
 
-``row_statistics`` is a target row's max, argmax and softmax normaliser,
+``target_probability`` is the processed target value at (row, token), the
+one every plan of both kernels reads: the row as given or ``softmax(x / T)``
+of logits, then its top-k/top-p/min-p truncation; a new rule on target
+rows goes there. ``row_statistics`` is a target row's max, argmax and softmax normaliser,
 and ``scan_statistics`` those of a slice of rows ``0..n_b``, stored per
 slice (draft rows are always probabilities: they need none);
 ``request_temperatures`` the requests' greedy flags and ``1 / T``;
@@ -14,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .rng import uniform_from_word
-from .sampling import chunk_draw, chunk_pick, fixed_point, row_probabilities, softmax_weight
+from .sampling import chunk_draw, chunk_pick, fixed_point, given_probability, given_values, softmax_weight
 from .truncation import truncated_probability
 
 # The sampler's pass is software-pipelined: the loads of the next LOAD_STAGES - 1 chunks are issued (cp.async
@@ -43,6 +46,32 @@ def row_at(first_row, position, stride_position):
     padded layout and the packed one (only ``first_row`` differs).
     """
     return first_row + tl.cast(position, tl.int64) * stride_position
+
+
+@triton.jit
+def target_probability(row, index, mask, statistics, truncation, LOGITS: tl.constexpr, TRUNCATE: tl.constexpr):
+    """The processed target probability at ``index`` of ``row`` (``reference/_rows.target_distributions``).
+
+    ``statistics`` is the row's ``(max, 1 / sum, 1 / T)`` (used with
+    ``LOGITS``: ``exp((x - max) / T) / sum``; probabilities are read as
+    given), ``truncation`` its ``(threshold, reciprocal, truncating)`` from
+    ``kernels/truncation.py`` (applied with ``TRUNCATE`` where
+    ``truncating``). Every element broadcasts against ``index``. Masked
+    lanes come out 0 (NaN for a logits row without mass), which weigh 0.
+    """
+    return processed_probability(given_values(row, index, mask, LOGITS), statistics, truncation, LOGITS, TRUNCATE)
+
+
+@triton.jit
+def processed_probability(given, statistics, truncation, LOGITS: tl.constexpr, TRUNCATE: tl.constexpr):
+    """:func:`target_probability` of values already read (``sampling.given_values``): a plan that must issue
+    the loads before its statistics are known (they come from other programs) reads first."""
+    row_max, inverse_norm, inverse_temperature = statistics
+    p = given_probability(given, row_max, inverse_norm, inverse_temperature, LOGITS)
+    if TRUNCATE:
+        threshold, reciprocal, truncating = truncation
+        p = truncated_probability(p, threshold, reciprocal, truncating)
+    return p
 
 
 @triton.jit
@@ -83,11 +112,10 @@ def sample_slice(
     for chunk in tl.range(chunk_lo, chunk_hi, num_stages=1 if TRUNCATE else LOAD_STAGES):
         index = chunk * BLOCK_V + vocab
         mask = sampled[:, None] & (index < vocab_size)
-        p = row_probabilities(target_row, index, mask, stop_max[:, None], stop_inverse_norm[:, None],
-                              inverse_temperature[:, None], LOGITS)
-        if TRUNCATE:
-            p = truncated_probability(p, truncation_threshold[:, None], truncation_reciprocal[:, None],
-                                      truncating[:, None] != 0)
+        p = target_probability(target_row, index, mask,
+                               (stop_max[:, None], stop_inverse_norm[:, None], inverse_temperature[:, None]),
+                               (truncation_threshold[:, None], truncation_reciprocal[:, None], truncating[:, None] != 0),
+                               LOGITS, TRUNCATE)
         if HAS_DRAFT:
             q = tl.load(draft_row + index, mask=mask & from_draft, other=0.0).to(tl.float32)
         else:

@@ -65,11 +65,26 @@ def row_probabilities(row, index, mask, row_max, row_inverse_norm, inverse_tempe
     ``exp((x - max) / T)``; masked lanes come out 0 (or NaN for a row
     without mass), which weigh 0 in the sampler.
     """
+    return given_probability(given_values(row, index, mask, LOGITS), row_max, row_inverse_norm, inverse_temperature,
+                             LOGITS)
+
+
+@triton.jit
+def given_values(row, index, mask, LOGITS: tl.constexpr):
+    """float32 values at ``index`` of input rows as given; masked lanes ``-inf`` (logits) or 0: both weigh 0."""
     if LOGITS:
-        x = tl.load(row + index, mask=mask, other=-float("inf")).to(tl.float32)
-        return softmax_weight(x - row_max, inverse_temperature) * row_inverse_norm
+        return tl.load(row + index, mask=mask, other=-float("inf")).to(tl.float32)
     else:
         return tl.load(row + index, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def given_probability(x, row_max, row_inverse_norm, inverse_temperature, LOGITS: tl.constexpr):
+    """:func:`row_probabilities` of values already read (:func:`given_values`)."""
+    if LOGITS:
+        return softmax_weight(x - row_max, inverse_temperature) * row_inverse_norm
+    else:
+        return x
 
 
 @triton.jit

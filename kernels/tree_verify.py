@@ -75,15 +75,15 @@ import triton
 import triton.language as tl
 
 from .chain_verify_rows import (acceptance, drawn_from_draft, inverse_norm, proposal_probability, request_temperatures,
-                                row_pointers, row_statistics)
+                                row_pointers, row_statistics, target_probability)
 from .rng import ACCEPT_STREAM, random_words, request_key
 from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
-                       normaliser_reciprocal, row_probabilities, split_sums)
+                       normaliser_reciprocal, split_sums)
 from .faults import TREE_WAIT_GAVE_UP
 from .stage_records import STAGE_WORDS, publish, take_slice, wait_for_stage
 from .tree_verify_stages import (FAILED_WORD, end_record, end_request, entry_statistics, publish_entry, publish_slice,
                                  replay_rejection, replayed_rejection, stage_totals)
-from .truncation import row_truncation, truncated_probability, truncation_parameters
+from .truncation import row_truncation, truncation_parameters
 
 RESIDUAL_HAD_MASS = tl.constexpr(1)  # pending_kind's flags
 POINT_MASS = tl.constexpr(2)
@@ -126,10 +126,8 @@ def _row_values(row, scratch, index, mask, from_scratch, row_max, row_inverse_no
     top-k/top-p/min-p truncation where ``truncating`` (scratch rows already are).
     """
     stored = tl.load(scratch + index, mask=mask & from_scratch, other=0.0, cache_modifier=".cg")
-    given = row_probabilities(row, index, mask & (from_scratch == 0), row_max, row_inverse_norm, inverse_temperature,
-                              LOGITS)
-    if TRUNCATE:
-        given = truncated_probability(given, truncation_threshold, truncation_reciprocal, truncating != 0)
+    given = target_probability(row, index, mask & (from_scratch == 0), (row_max, row_inverse_norm, inverse_temperature),
+                               (truncation_threshold, truncation_reciprocal, truncating != 0), LOGITS, TRUNCATE)
     return tl.where(from_scratch, stored, given)
 
 
