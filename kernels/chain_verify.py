@@ -102,7 +102,7 @@ from .faults import CHAIN_WAIT_GAVE_UP
 from .rng import ACCEPT_STREAM, random_words, request_key
 from .sampling import given_values, softmax_weight
 from .stage_records import arrive, count_give_ups, wait_for
-from .truncation import row_truncation, truncated_probability, truncation_parameters
+from .truncation import any_truncation, row_truncation, truncated_probability, truncation_parameters
 
 
 _SWEEP_BLOCK = tl.constexpr(128)  # row blocks the two-wave plan's last program zeroes a step
@@ -113,7 +113,7 @@ def _walk_rows(
     target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, last_row, valid, safe_ids,
     inverse_temperature,
     k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
-    truncating, top_k, top_p, min_p, k_on, p_on, min_p_on,
+    truncating, parameters,
     LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
 ):
@@ -154,8 +154,8 @@ def _walk_rows(
             needs_threshold = reading & (truncating != 0)  # every gathered row of a truncating request
             if tl.max(needs_threshold.to(tl.int32), axis=0) > 0:
                 threshold, reciprocal = row_truncation(
-                    target_row[:, None], needs_threshold, top_k, top_p, min_p, k_on, p_on, min_p_on,
-                    row_max[:, None], row_inverse_norm[:, None], inverse_temperature[:, None], vocab_size,
+                    target_row[:, None], needs_threshold, parameters,
+                    (row_max[:, None], row_inverse_norm[:, None], inverse_temperature[:, None]), vocab_size,
                     LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
         p = target_probability(target_row, token, gather, (row_max, row_inverse_norm, inverse_temperature),
                                (threshold, reciprocal, truncating != 0), LOGITS, TRUNCATE)
@@ -351,9 +351,9 @@ def _chain_verify_kernel(
     gives_bonus, bonus = _bonus_ids(bonus_ptr, requests, active, vocab_size, HAS_BONUS, BONUS_ROWS)
     last_row = num_drafts - gives_bonus.to(tl.int32)
     positions = tl.arange(0, BLOCK_K1)[None, :]
-    top_k, top_p, min_p, k_on, p_on, min_p_on = truncation_parameters(
-        top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P, ROWS)
-    truncating = (sampled & (k_on | p_on | min_p_on)).to(tl.int32)
+    parameters = truncation_parameters(top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K,
+                                       HAS_TOP_P, HAS_MIN_P, ROWS)
+    truncating = (sampled & any_truncation(parameters)).to(tl.int32)
 
     if WALK:
         in_chain, token_ids, valid, safe_ids = _draft_tokens(first_ids, active, num_drafts, vocab_size,
@@ -363,8 +363,7 @@ def _chain_verify_kernel(
         stop, stop_max, stop_inverse_norm, stop_threshold, stop_reciprocal, greedy_token = _walk_rows(
             target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, last_row, valid, safe_ids,
             inverse_temperature, k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
-            truncating, top_k, top_p, min_p, k_on, p_on, min_p_on,
-            LOGITS, HAS_DRAFT, TRUNCATE, ROWS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
+            truncating, parameters, LOGITS, HAS_DRAFT, TRUNCATE, ROWS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
         at_stop = positions == stop[:, None]
         subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
         takes_bonus = _takes_bonus(gives_bonus, stop, num_drafts)
@@ -440,7 +439,7 @@ def _chain_verify_kernel(
             if STAGED and TRUNCATE:
                 if tl.max(truncating, axis=0) > 0:
                     threshold, reciprocal = staged_thresholds(
-                        records, target_rows, truncating, last_row, top_k, top_p, min_p, k_on, p_on, min_p_on,
+                        records, target_rows, truncating, last_row, parameters,
                         target_max, target_inverse_norm, inverse_temperature, vocab_size, chunks_per_split,
                         num_splits, stride_target_k, failed_ptr, give_up, LOGITS, BLOCK_K1,
                         BLOCK_V, SEARCH_BLOCK)
@@ -480,7 +479,7 @@ def _chain_verify_kernel(
                 # Every wait of the row block is over: a give-up fails its requests.
                 failed = count_give_ups(failed_ptr, errors_ptr + CHAIN_WAIT_GAVE_UP)
                 if STAGED:
-                    clear_request_records(records, truncating, k_on, p_on, LOGITS, BLOCK_K1)
+                    clear_request_records(records, truncating, parameters, LOGITS, BLOCK_K1)
                 greedy_stop, greedy_token = greedy_decisions(
                     stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, valid, in_chain, num_drafts,
                     num_splits, max_drafts, LOGITS, ROWS, BLOCK_K1, SPLIT_TILE)

@@ -62,7 +62,7 @@ def staged_statistics(
 
 @triton.jit
 def staged_thresholds(
-    records, target_rows, truncating, last_row, top_k, top_p, min_p, k_on, p_on, min_p_on, target_max,
+    records, target_rows, truncating, last_row, parameters, target_max,
     target_inverse_norm, inverse_temperature, vocab_size, chunks_per_split, num_splits, stride_target_k,
     failed_ptr, give_up, LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr,
     BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
@@ -82,19 +82,22 @@ def staged_thresholds(
     reciprocal = tl.full((BLOCK_K1,), 1.0, tl.float64)
     if tl.max(searching.to(tl.int32), axis=0) > 0:
         rows = row_at(tl.broadcast_to(target_rows, (BLOCK_K1,)), positions, stride_target_k)
+        top_k, top_p, min_p, k_on, p_on, min_p_on = parameters  # the request's, one per row
         threshold, reciprocal = staged_truncation(
-            rows[:, None], searching, tl.broadcast_to(top_k, (BLOCK_K1,)), tl.broadcast_to(top_p, (BLOCK_K1,)),
-            tl.broadcast_to(min_p, (BLOCK_K1,)), tl.broadcast_to(k_on, (BLOCK_K1,)),
-            tl.broadcast_to(p_on, (BLOCK_K1,)), tl.broadcast_to(min_p_on, (BLOCK_K1,)),
-            tl.reshape(target_max, (BLOCK_K1, 1)), tl.reshape(target_inverse_norm, (BLOCK_K1, 1)),
-            tl.broadcast_to(inverse_temperature, (BLOCK_K1,))[:, None], vocab_size, records, chunks_per_split,
-            num_splits, failed_ptr, give_up, LOGITS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
+            rows[:, None], searching,
+            (tl.broadcast_to(top_k, (BLOCK_K1,)), tl.broadcast_to(top_p, (BLOCK_K1,)),
+             tl.broadcast_to(min_p, (BLOCK_K1,)), tl.broadcast_to(k_on, (BLOCK_K1,)),
+             tl.broadcast_to(p_on, (BLOCK_K1,)), tl.broadcast_to(min_p_on, (BLOCK_K1,))),
+            (tl.reshape(target_max, (BLOCK_K1, 1)), tl.reshape(target_inverse_norm, (BLOCK_K1, 1)),
+             tl.broadcast_to(inverse_temperature, (BLOCK_K1,))[:, None]),
+            vocab_size, (records, chunks_per_split, num_splits, failed_ptr, give_up), LOGITS, BLOCK_K1, BLOCK_V,
+            SEARCH_BLOCK)
     return tl.reshape(threshold, (1, BLOCK_K1)), tl.reshape(reciprocal, (1, BLOCK_K1))
 
 
 @triton.jit
-def clear_request_records(records, truncating, k_on, p_on, LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr):
+def clear_request_records(records, truncating, parameters, LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr):
     """Zero the records the request used (its last program, after every program read them)."""
     if LOGITS:
         clear_records(records, _NORMALISER_STAGE, _NORMALISER_STAGE + 1, BLOCK_K1)
-    clear_search_records(records, truncating, k_on, p_on, BLOCK_K1)
+    clear_search_records(records, truncating, parameters, BLOCK_K1)

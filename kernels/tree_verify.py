@@ -83,7 +83,7 @@ from .faults import TREE_WAIT_GAVE_UP
 from .stage_records import STAGE_WORDS, publish, take_slice, wait_for_stage
 from .tree_verify_stages import (FAILED_WORD, end_record, end_request, entry_statistics, publish_entry, publish_slice,
                                  replay_rejection, replayed_rejection, stage_totals)
-from .truncation import row_truncation, truncation_parameters
+from .truncation import any_truncation, row_truncation, truncation_parameters
 
 RESIDUAL_HAD_MASS = tl.constexpr(1)  # pending_kind's flags
 POINT_MASS = tl.constexpr(2)
@@ -331,9 +331,8 @@ def _choose_sample(chunk_total_ptr, chunk_pick_ptr, slot, sampled, k0, k1, c2, c
 
 
 @triton.jit
-def _node_statistics(target_row, needs_statistics, needs_threshold, inverse_temperature,
-                     top_k, top_p, min_p, k_on, p_on, min_p_on, vocab_size, p_max, p_inverse_norm,
-                     greedy_token, truncation_threshold, truncation_reciprocal,
+def _node_statistics(target_row, needs_statistics, needs_threshold, inverse_temperature, parameters, vocab_size,
+                     p_max, p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal,
                      LOGITS: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr,
                      BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """What a node entered needs from its whole target rows, each read by this program: the statistics
@@ -353,8 +352,8 @@ def _node_statistics(target_row, needs_statistics, needs_threshold, inverse_temp
     if TRUNCATE:
         if tl.max(needs_threshold.to(tl.int32), axis=0) > 0:
             threshold, reciprocal = row_truncation(
-                target_row[:, None], needs_threshold, top_k, top_p, min_p, k_on, p_on, min_p_on,
-                p_max[:, None], p_inverse_norm[:, None], inverse_temperature[:, None], vocab_size,
+                target_row[:, None], needs_threshold, parameters,
+                (p_max[:, None], p_inverse_norm[:, None], inverse_temperature[:, None]), vocab_size,
                 LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
             truncation_threshold = tl.where(needs_threshold, threshold, truncation_threshold)
             truncation_reciprocal = tl.where(needs_threshold, reciprocal, truncation_reciprocal)
@@ -414,9 +413,9 @@ def _tree_verify_kernel(
         limit = tl.full((ROWS,), 0, tl.int32) + tree_size
     k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                  requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
-    top_k, top_p, min_p, k_on, p_on, min_p_on = truncation_parameters(
-        top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P, ROWS)
-    truncating = (sampled & (k_on | p_on | min_p_on)).to(tl.int32)
+    parameters = truncation_parameters(top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K,
+                                       HAS_TOP_P, HAS_MIN_P, ROWS)
+    truncating = (sampled & any_truncation(parameters)).to(tl.int32)
     ids_row = row_pointers(ids_ptr, requests, stride_ids_b, 0, 0)
     p_scratch = scratch_ptr + requests.to(tl.int64) * SCRATCH_ROWS * vocab_size
     q_scratch = p_scratch + (SCRATCH_ROWS - 1) * vocab_size
@@ -463,9 +462,8 @@ def _tree_verify_kernel(
             needs_threshold = entering & (truncating != 0)
         else:
             needs_threshold = entering & False
-        entry = (target_row, needs_statistics, needs_threshold, inverse_temperature,
-                 top_k, top_p, min_p, k_on, p_on, min_p_on, vocab_size, p_max, p_inverse_norm,
-                 greedy_token, truncation_threshold, truncation_reciprocal)
+        entry = (target_row, needs_statistics, needs_threshold, inverse_temperature, parameters, vocab_size, p_max,
+                 p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal)
         if SPLIT:
             # One program (the first to take the stage) reads the row for every program of the request, which
             # wait for it: one pass over the row (and the truncation search's) per node entered instead of one

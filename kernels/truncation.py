@@ -118,14 +118,20 @@ def truncation_parameters(top_k_ptr, top_p_ptr, min_p_ptr, requests, active, voc
 
 
 @triton.jit
+def any_truncation(parameters):
+    """Where a parameter of :func:`truncation_parameters` is on (greedy requests ignore them: the callers mask)."""
+    _, _, _, k_on, p_on, min_p_on = parameters
+    return k_on | p_on | min_p_on
+
+
+@triton.jit
 def _column_zero(tile):
     """Column 0 of a measure's ``[ROWS, CANDIDATES]`` tile (the ``MAX_KEY`` / ``MASS`` result)."""
     return tl.sum(tl.where(tl.arange(0, CANDIDATES)[None, :] == 0, tile, 0), axis=1)
 
 
 @triton.jit
-def _largest_key(row, searching, floor, goal_count, goal_mass, row_max, row_inverse_norm, inverse_temperature,
-                 vocab_size, records, first_stage, chunks_per_split, num_splits, failed_ptr, give_up,
+def _largest_key(row, searching, floor, goal_count, goal_mass, statistics, vocab_size, stages, first_stage,
                  BY_MASS: tl.constexpr, STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
                  BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """Per searching row, the largest ``tau`` with ``m(max(tau, floor)) >= goal`` (see the module docstring).
@@ -140,10 +146,8 @@ def _largest_key(row, searching, floor, goal_count, goal_mass, row_max, row_inve
         shift = tl.maximum(_KEY_BITS - (step + 1) * RADIX_BITS, 0)
         width = _KEY_BITS - step * RADIX_BITS - shift  # the last step takes the bits left
         candidates = tl.maximum(found[:, None] | (digit_ids << shift), floor[:, None])
-        first, second = measured(row, searching, candidates, floor, row_max, row_inverse_norm, inverse_temperature,
-                                 vocab_size, records, first_stage + step, chunks_per_split, num_splits,
-                                 failed_ptr, give_up, MASSES if BY_MASS else COUNTS, STAGED, LOGITS,
-                                 ROWS, BLOCK_V, SEARCH_BLOCK)
+        first, second = measured(row, searching, candidates, floor, statistics, vocab_size, stages, first_stage + step,
+                                 MASSES if BY_MASS else COUNTS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
         if BY_MASS:
             reached = first.to(tl.float64) * 2147483648.0 + second.to(tl.float64) >= goal_mass[:, None]
         else:
@@ -154,87 +158,77 @@ def _largest_key(row, searching, floor, goal_count, goal_mass, row_max, row_inve
 
 
 @triton.jit
-def _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
-                inverse_temperature, vocab_size, records, chunks_per_split, num_splits, failed_ptr, give_up,
-                STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
-                SEARCH_BLOCK: tl.constexpr):
+def _truncation(row, truncating, parameters, statistics, vocab_size, stages, STAGED: tl.constexpr,
+                LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """:func:`row_truncation`, its passes whole-row or staged (:func:`measured`).
 
     Staged, a search runs where any of the ``ROWS`` rows needs it: the rows
     are one request's, so every program of it runs the same stages.
     """
+    top_k, top_p, min_p, k_on, p_on, min_p_on = parameters
     no_candidates = tl.zeros((ROWS, CANDIDATES), tl.int32)
     threshold = tl.zeros((ROWS,), tl.int32)
-    first, _ = measured(row, truncating, no_candidates, threshold, row_max, row_inverse_norm, inverse_temperature,
-                        vocab_size, records, _MAX_KEY_STAGE, chunks_per_split, num_splits, failed_ptr,
-                        give_up, MAX_KEY, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+    first, _ = measured(row, truncating, no_candidates, threshold, statistics, vocab_size, stages, _MAX_KEY_STAGE,
+                        MAX_KEY, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
     max_key = _column_zero(first).to(tl.int32)
     searching_k = truncating & k_on
     if tl.max(searching_k.to(tl.int32), axis=0) > 0:
-        threshold = _largest_key(row, searching_k, threshold, top_k, top_p.to(tl.float64), row_max,
-                                 row_inverse_norm, inverse_temperature, vocab_size, records, _TOP_K_STAGE,
-                                 chunks_per_split, num_splits, failed_ptr, give_up, False, STAGED, LOGITS,
-                                 ROWS, BLOCK_V, SEARCH_BLOCK)
+        threshold = _largest_key(row, searching_k, threshold, top_k, top_p.to(tl.float64), statistics, vocab_size,
+                                 stages, _TOP_K_STAGE, False, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
     searching_p = truncating & p_on
     if tl.max(searching_p.to(tl.int32), axis=0) > 0:
-        high, low = measured(row, searching_p, no_candidates, threshold, row_max, row_inverse_norm,
-                             inverse_temperature, vocab_size, records, _GOAL_STAGE, chunks_per_split, num_splits,
-                             failed_ptr, give_up, MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+        high, low = measured(row, searching_p, no_candidates, threshold, statistics, vocab_size, stages, _GOAL_STAGE,
+                             MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
         goal = top_p.to(tl.float64) * (_column_zero(high).to(tl.float64) * 2147483648.0
                                        + _column_zero(low).to(tl.float64))
-        threshold_p = _largest_key(row, searching_p, threshold, top_k, goal, row_max, row_inverse_norm,
-                                   inverse_temperature, vocab_size, records, _TOP_P_STAGE, chunks_per_split,
-                                   num_splits, failed_ptr, give_up, True, STAGED, LOGITS, ROWS, BLOCK_V,
-                                   SEARCH_BLOCK)
+        threshold_p = _largest_key(row, searching_p, threshold, top_k, goal, statistics, vocab_size, stages,
+                                   _TOP_P_STAGE, True, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
         # A goal of 0 is reached by every tau: keep the largest probability and its ties.
         threshold = tl.where(searching_p, tl.maximum(threshold, tl.minimum(threshold_p, max_key)), threshold)
     scaled = min_p * max_key.to(tl.float32, bitcast=True)
     threshold = tl.where(truncating & min_p_on, tl.maximum(threshold, probability_key(clean_probability(scaled))),
                          threshold)
-    high, low = measured(row, truncating, no_candidates, threshold, row_max, row_inverse_norm, inverse_temperature,
-                         vocab_size, records, _KEPT_STAGE, chunks_per_split, num_splits, failed_ptr,
-                         give_up, MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+    high, low = measured(row, truncating, no_candidates, threshold, statistics, vocab_size, stages, _KEPT_STAGE,
+                         MASS, STAGED, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
     return threshold, tl.where(truncating, normaliser_reciprocal(_column_zero(high), _column_zero(low)), 1.0)
 
 
 @triton.jit
-def row_truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
-                   inverse_temperature, vocab_size, LOGITS: tl.constexpr, ROWS: tl.constexpr,
+def row_truncation(row, truncating, parameters, statistics, vocab_size, LOGITS: tl.constexpr, ROWS: tl.constexpr,
                    BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """``(threshold, reciprocal)`` of each truncating row, each row read whole by this program; the rest get
     ``(0, 1)``.
 
-    ``row`` and the statistics ``row_max``, ``row_inverse_norm``,
-    ``inverse_temperature`` are ``[ROWS, 1]``; the parameters ``[ROWS]``.
+    ``row`` and the ``statistics`` ``(max, 1 / sum, 1 / T)`` are ``[ROWS,
+    1]``; ``truncating`` and the ``parameters`` (:func:`truncation_parameters`)
+    ``[ROWS]``.
 
     ``threshold`` is the largest active threshold (int32 key); ``reciprocal``
     the float64 reciprocal of the kept row's exact total, as
     ``_sampling.normalise``. With ``LOGITS`` the rows' ``(max, 1 / sum)``
     statistics must be those of the softmax at ``1 / T``.
     """
-    return _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
-                       inverse_temperature, vocab_size, 0, 0, 0, 0, 0, False, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+    return _truncation(row, truncating, parameters, statistics, vocab_size, (0, 0, 0, 0, 0), False, LOGITS, ROWS,
+                       BLOCK_V, SEARCH_BLOCK)
 
 
 @triton.jit
-def staged_truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
-                      inverse_temperature, vocab_size, records, chunks_per_split, num_splits, failed_ptr,
-                      give_up, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
-                      SEARCH_BLOCK: tl.constexpr):
-    """:func:`row_truncation` of ``ROWS`` rows of ONE request, every pass shared by the request's
-    ``num_splits`` programs through its stage records ``records`` (:func:`measured`; slices of
-    ``chunks_per_split`` chunks of ``BLOCK_V`` tokens). Every program of the request must call it, with the same
-    parameters; the bits are :func:`row_truncation`'s."""
-    return _truncation(row, truncating, top_k, top_p, min_p, k_on, p_on, min_p_on, row_max, row_inverse_norm,
-                       inverse_temperature, vocab_size, records, chunks_per_split, num_splits, failed_ptr,
-                       give_up, True, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+def staged_truncation(row, truncating, parameters, statistics, vocab_size, stages, LOGITS: tl.constexpr,
+                      ROWS: tl.constexpr, BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
+    """:func:`row_truncation` of ``ROWS`` rows of ONE request, every pass shared by the request's programs
+    through its stage records: ``stages`` is ``(records, chunks_per_split, num_splits, failed_ptr, give_up)``
+    (:func:`measured`; slices of ``chunks_per_split`` chunks of ``BLOCK_V`` tokens). Every program of the request
+    must call it, with the same parameters; the bits are :func:`row_truncation`'s."""
+    return _truncation(row, truncating, parameters, statistics, vocab_size, stages, True, LOGITS, ROWS, BLOCK_V,
+                       SEARCH_BLOCK)
 
 
 @triton.jit
-def clear_search_records(records, truncating, k_on, p_on, ROWS: tl.constexpr):
+def clear_search_records(records, truncating, parameters, ROWS: tl.constexpr):
     """Zero the stage records :func:`staged_truncation` used for these parameters (``[ROWS]``, one request's),
     after every program of the request is done with them: at most the whole 20 records (43 KB at 8 rows), on
     the request's critical path, for the searches it ran only (a record of a skipped search is still zero)."""
+    _, _, _, k_on, p_on, _ = parameters
     truncated = truncating != 0
     if tl.max(truncated.to(tl.int32), axis=0) > 0:
         clear_records(records, _MAX_KEY_STAGE, _TOP_K_STAGE, ROWS)
@@ -252,16 +246,17 @@ def record_words(ROWS: tl.constexpr):
 
 
 @triton.jit
-def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inverse_temperature, vocab_size,
-             records, stage, chunks_per_split, num_splits, failed_ptr, give_up,
+def measured(row, searching, candidates, floor, statistics, vocab_size, stages, stage,
              KIND: tl.constexpr, STAGED: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
              BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """The whole-row measure ``KIND`` of the searching rows (``measure_slice``'s arguments): measured here, or,
-    ``STAGED``, from stage ``stage`` of the request's ``records``, which every program of the request calls.
+    ``STAGED``, from stage ``stage`` of the request's records (``stages``: :func:`staged_truncation`), which
+    every program of the request calls.
 
     ``BLOCK_V`` is the sampler's chunk (a slice is ``chunks_per_split`` of them) and, whole-row, the max / mass
     tile."""
     if STAGED:
+        records, chunks_per_split, num_splits, failed_ptr, give_up = stages
         first = tl.zeros((ROWS, CANDIDATES), tl.int64)
         second = tl.zeros((ROWS, CANDIDATES), tl.int64)
         record = records + stage * record_words(ROWS)
@@ -272,8 +267,8 @@ def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inver
             vocab_hi = tl.minimum(vocab_lo + chunks_per_split * BLOCK_V, vocab_size)
             # The max / mass tiles as wide as the candidate tile: ROWS rows at once, in registers.
             slice_first, slice_second = measure_slice(
-                row, searching, candidates, floor, vocab_lo, vocab_hi, row_max, row_inverse_norm,
-                inverse_temperature, KIND, LOGITS, ROWS, SEARCH_BLOCK * CANDIDATES, SEARCH_BLOCK)
+                row, searching, candidates, floor, vocab_lo, vocab_hi, statistics, KIND, LOGITS, ROWS,
+                SEARCH_BLOCK * CANDIDATES, SEARCH_BLOCK)
             if KIND == MAX_KEY:
                 first = tl.maximum(first, slice_first)
             else:
@@ -295,8 +290,8 @@ def measured(row, searching, candidates, floor, row_max, row_inverse_norm, inver
         first = tl.load(first_words, cache_modifier=".cg")
         second = tl.load(first_words + 1, cache_modifier=".cg")
     else:
-        first, second = measure_slice(row, searching, candidates, floor, 0, vocab_size, row_max, row_inverse_norm,
-                                      inverse_temperature, KIND, LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
+        first, second = measure_slice(row, searching, candidates, floor, 0, vocab_size, statistics, KIND, LOGITS, ROWS,
+                                      BLOCK_V, SEARCH_BLOCK)
     return first, second
 
 
@@ -337,8 +332,9 @@ def truncated_probability(p, threshold, reciprocal, truncating):
 
 
 @triton.jit
-def _tile(row, index, mask, row_max, row_inverse_norm, inverse_temperature, LOGITS: tl.constexpr):
+def _tile(row, index, mask, statistics, LOGITS: tl.constexpr):
     """Keys and fixed-point weights of a tile of each row's probabilities (padding lanes: key -1, weight 0)."""
+    row_max, row_inverse_norm, inverse_temperature = statistics
     cleaned = clean_probability(row_probabilities(row, index, mask, row_max, row_inverse_norm,
                                                   inverse_temperature, LOGITS))
     return tl.where(mask, probability_key(cleaned), -1), fixed_point(cleaned)
@@ -352,10 +348,11 @@ def _in_column_zero(value, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _candidate_measures(row, searching, candidates, vocab_lo, vocab_hi, row_max, row_inverse_norm,
-                        inverse_temperature, BY_MASS: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
-                        SEARCH_BLOCK: tl.constexpr):
+def _candidate_measures(row, searching, candidates, vocab_lo, vocab_hi, statistics, BY_MASS: tl.constexpr,
+                        LOGITS: tl.constexpr, ROWS: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """Per row and candidate (``[ROWS, CANDIDATES]`` int32 keys), the count or split mass of keys ``>=`` it."""
+    row_max, row_inverse_norm, inverse_temperature = statistics
+    wide = (row_max[:, :, None], row_inverse_norm[:, :, None], inverse_temperature[:, :, None])  # [ROWS, 1, 1]
     vocab = tl.arange(0, SEARCH_BLOCK)[None, None, :]
     bounds = candidates[:, :, None]
     count = tl.zeros((ROWS, CANDIDATES), tl.int32)
@@ -363,9 +360,7 @@ def _candidate_measures(row, searching, candidates, vocab_lo, vocab_hi, row_max,
     low = tl.zeros((ROWS, CANDIDATES), tl.int64)
     for start in range(vocab_lo, vocab_hi, SEARCH_BLOCK):
         index = start + vocab
-        key, weight = _tile(row[:, :, None], index, searching[:, None, None] & (index < vocab_hi),
-                            row_max[:, :, None], row_inverse_norm[:, :, None], inverse_temperature[:, :, None],
-                            LOGITS)
+        key, weight = _tile(row[:, :, None], index, searching[:, None, None] & (index < vocab_hi), wide, LOGITS)
         reaches = key >= bounds
         if BY_MASS:
             high += tl.sum(tl.where(reaches, weight >> 31, 0), axis=2)
@@ -379,9 +374,8 @@ def _candidate_measures(row, searching, candidates, vocab_lo, vocab_hi, row_max,
 
 
 @triton.jit
-def measure_slice(row, searching, candidates, floor, vocab_lo, vocab_hi, row_max, row_inverse_norm,
-                  inverse_temperature, KIND: tl.constexpr, LOGITS: tl.constexpr, ROWS: tl.constexpr,
-                  BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
+def measure_slice(row, searching, candidates, floor, vocab_lo, vocab_hi, statistics, KIND: tl.constexpr,
+                  LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
     """``(first, second)`` (see the module docstring) of ``[vocab_lo, vocab_hi)`` of the ``searching`` rows.
 
     ``row`` and the statistics are ``[ROWS, 1]``; ``candidates`` is ``[ROWS,
@@ -392,8 +386,7 @@ def measure_slice(row, searching, candidates, floor, vocab_lo, vocab_hi, row_max
         found = tl.zeros((ROWS,), tl.int32)
         for start in range(vocab_lo, vocab_hi, BLOCK_V):
             index = start + vocab
-            key, _ = _tile(row, index, searching[:, None] & (index < vocab_hi), row_max, row_inverse_norm,
-                           inverse_temperature, LOGITS)
+            key, _ = _tile(row, index, searching[:, None] & (index < vocab_hi), statistics, LOGITS)
             found = tl.maximum(found, tl.max(key, axis=1))
         return _in_column_zero(found, ROWS), tl.zeros((ROWS, CANDIDATES), tl.int64)
     elif KIND == MASS:
@@ -401,12 +394,11 @@ def measure_slice(row, searching, candidates, floor, vocab_lo, vocab_hi, row_max
         low = tl.zeros((ROWS,), tl.int64)
         for start in range(vocab_lo, vocab_hi, BLOCK_V):
             index = start + vocab
-            key, weight = _tile(row, index, searching[:, None] & (index < vocab_hi), row_max, row_inverse_norm,
-                                inverse_temperature, LOGITS)
+            key, weight = _tile(row, index, searching[:, None] & (index < vocab_hi), statistics, LOGITS)
             tile_high, tile_low = split_sums(tl.where(key >= floor[:, None], weight, 0))
             high += tile_high
             low += tile_low
         return _in_column_zero(high, ROWS), _in_column_zero(low, ROWS)
     else:
-        return _candidate_measures(row, searching, candidates, vocab_lo, vocab_hi, row_max, row_inverse_norm,
-                                   inverse_temperature, KIND == MASSES, LOGITS, ROWS, SEARCH_BLOCK)
+        return _candidate_measures(row, searching, candidates, vocab_lo, vocab_hi, statistics, KIND == MASSES, LOGITS,
+                                   ROWS, SEARCH_BLOCK)
