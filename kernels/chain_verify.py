@@ -74,7 +74,11 @@ first program takes every slice). A wait is bounded anyway: past
 (``specdec_kernels/_faults.py``) and marks its row block failed; the row
 block's last program then writes the failure outcome (tokens -1,
 ``num_accepted`` 0), and puts every counter and record back to zero as on
-every path.
+every path. Before any of it, the programs claim their words for the launch
+(``kernels/stage_records.py``, ``claim``; the row block's word in
+``claims``, or with two waves, before the tickets, the launch's in
+``tickets``): the first resets the row block's (the launch's) counters,
+flags and records, whatever they held, and the others wait for it.
 Every arrival is preceded by ``tl.debug_barrier()`` so the whole program's
 stores are issued before the release (Triton does not promise that barrier
 itself), and followed by one so the acquire covers every thread.
@@ -101,11 +105,14 @@ from .chain_verify_stages import clear_request_records, request_records, staged_
 from .faults import CHAIN_WAIT_GAVE_UP
 from .rng import ACCEPT_STREAM, random_words, request_key
 from .sampling import given_values, softmax_weight
-from .stage_records import arrive, count_give_ups, wait_for
+from .stage_records import arrive, claim, claimed, count_give_ups, wait_for, wait_for_claim
 from .truncation import any_truncation, row_truncation, truncated_probability, truncation_parameters
 
 
-_SWEEP_BLOCK = tl.constexpr(128)  # row blocks the two-wave plan's last program zeroes a step
+_SWEEP_BLOCK = tl.constexpr(128)  # row blocks the two-wave plan's resets zero a step
+TICKET_WORD = tl.constexpr(0)  # the two-wave plan's words (``tickets``): the next ticket,
+END_WORD = tl.constexpr(1)  # the programs ended,
+LAUNCH_CLAIM_WORD = tl.constexpr(2)  # and the launch's claim (kernels/stage_records.py)
 
 
 @triton.jit
@@ -278,6 +285,38 @@ def _bonus_ids(bonus_ptr, requests, active, vocab_size, HAS_BONUS: tl.constexpr,
 
 
 @triton.jit
+def _claim_row_block(claim_ptr, stamp, arrivals_ptr, failed_ptr, records, truncating, parameters,
+                     LOGITS: tl.constexpr, STAGED: tl.constexpr, BLOCK_K1: tl.constexpr):
+    """The one-wave plans' claim of the row block's words for the launch: its first program resets the arrival
+    count, the failure flag and (staged) the stage records its request will use (zero unless damaged: the last
+    program puts them back too), the others wait for it. Returns whether the wait gave up."""
+    gave_up = stamp < 0  # False, as a value: the branch assigns one
+    if claim(claim_ptr, stamp):
+        tl.atomic_xchg(arrivals_ptr, 0, sem="relaxed")
+        tl.atomic_xchg(failed_ptr, 0, sem="relaxed")
+        if STAGED:
+            clear_request_records(records, truncating, parameters, LOGITS, BLOCK_K1)
+        claimed(claim_ptr, stamp)
+    else:
+        gave_up = wait_for_claim(claim_ptr, stamp)
+    return gave_up
+
+
+@triton.jit
+def _reset_launch(tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, failed_ptr, num_row_blocks):
+    """The two-wave plan's words but its claim, to zero: the tickets, the end count, and every row block's
+    counters and failure flag (by the launch's claimer, and by its last program)."""
+    tl.atomic_xchg(tickets_ptr + TICKET_WORD, 0, sem="relaxed")
+    tl.atomic_xchg(tickets_ptr + END_WORD, 0, sem="relaxed")
+    for start in range(0, num_row_blocks, _SWEEP_BLOCK):
+        row_blocks = start + tl.arange(0, _SWEEP_BLOCK)
+        swept = row_blocks < num_row_blocks
+        tl.store(wave1_arrivals_ptr + row_blocks, tl.zeros((_SWEEP_BLOCK,), tl.int32), mask=swept)
+        tl.store(arrivals_ptr + row_blocks, tl.zeros((_SWEEP_BLOCK,), tl.int32), mask=swept)
+        tl.store(failed_ptr + row_blocks, tl.zeros((_SWEEP_BLOCK,), tl.int32), mask=swept)
+
+
+@triton.jit
 def _takes_bonus(gives_bonus, stop, num_drafts):
     """Requests that accepted all their drafts and emit the engine's bonus token (their bonus row is not read)."""
     return gives_bonus & (stop == num_drafts)
@@ -285,7 +324,7 @@ def _takes_bonus(gives_bonus, stop, num_drafts):
 
 @triton.jit(do_not_specialize=[
     "seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "max_drafts", "num_tokens", "num_chunks",
-    "num_splits", "chunks_per_split", "stride_ids_b", "stride_output_b", "fault_role",
+    "num_splits", "chunks_per_split", "stride_ids_b", "stride_output_b", "fault_role", "stamp",
 ])
 def _chain_verify_kernel(
     draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, temperature_ptr,
@@ -296,7 +335,7 @@ def _chain_verify_kernel(
     # flags (nonzero once a wait gave up). The device's fault counters (specdec_kernels/_faults.py) and the role
     # whose first wait gives up (tests; -1: none)
     chunk_total_ptr, chunk_pick_ptr, stat_max_ptr, stat_arg_ptr, stat_sum_ptr,
-    tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, failed_ptr, stages_ptr, errors_ptr, fault_role,
+    tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, failed_ptr, claims_ptr, stages_ptr, errors_ptr, fault_role, stamp,
     batch_size, max_drafts, num_tokens, vocab_size, num_chunks, num_splits, chunks_per_split,
     # Row strides stay specialised (Triton keys only on "== 1" and "% 16"), so a
     # vocabulary stride divisible by 16 gives vector loads without recompiles.
@@ -316,9 +355,16 @@ def _chain_verify_kernel(
     if STAGED:
         tl.static_assert(ROWS == 1, "the staged plan holds one request per program")
     ticket_damaged = False
+    claim_gave_up = stamp < 0  # False, as a value: the claims' branches assign one
     if LOGITS and not (WALK or STAGED):
+        # The launch's words are this launch's before any program takes a ticket, whatever they held.
+        if claim(tickets_ptr + LAUNCH_CLAIM_WORD, stamp):
+            _reset_launch(tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, failed_ptr, tl.cdiv(batch_size, ROWS))
+            claimed(tickets_ptr + LAUNCH_CLAIM_WORD, stamp)
+        else:
+            claim_gave_up = wait_for_claim(tickets_ptr + LAUNCH_CLAIM_WORD, stamp)
         # Modulo the grid, every role is taken once whatever the word held; a ticket outside it is damage.
-        ticket = tl.atomic_add(tickets_ptr, 1, sem="relaxed")
+        ticket = tl.atomic_add(tickets_ptr + TICKET_WORD, 1, sem="relaxed")
         role = ticket % tl.num_programs(0)  # int64 tickets: contiguous unless a damaged count is within the
         role = tl.where(role < 0, role + tl.num_programs(0), role)  # grid of 2**63
         ticket_damaged = ticket != role
@@ -331,8 +377,9 @@ def _chain_verify_kernel(
     row_block = (role % programs_per_wave) // num_splits
     split = role % num_splits
     failed_ptr += row_block  # the row block's: a wait of any of its programs that gave up fails all its requests
-    if ticket_damaged:
-        tl.atomic_add(failed_ptr, 1, sem="relaxed")
+    if not (WALK or STAGED or LOGITS):  # the one-wave plan: the claim first, with the least live
+        claim_gave_up = _claim_row_block(claims_ptr + row_block, stamp, arrivals_ptr + row_block, failed_ptr,
+                                         stages_ptr, None, None, LOGITS, STAGED, BLOCK_K1)
     give_up = role == fault_role
     chunk_lo = split * chunks_per_split
     chunk_hi = tl.minimum(chunk_lo + chunks_per_split, num_chunks)
@@ -354,6 +401,13 @@ def _chain_verify_kernel(
     parameters = truncation_parameters(top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K,
                                        HAS_TOP_P, HAS_MIN_P, ROWS)
     truncating = (sampled & any_truncation(parameters)).to(tl.int32)
+    if STAGED:  # its reset needs the requests' truncation
+        claim_gave_up = _claim_row_block(claims_ptr + row_block, stamp, arrivals_ptr + row_block, failed_ptr,
+                                         request_records(stages_ptr, row_block, BLOCK_K1), truncating, parameters,
+                                         LOGITS, STAGED, BLOCK_K1)
+    if not WALK:
+        if claim_gave_up | ticket_damaged:
+            tl.atomic_add(failed_ptr, 1, sem="relaxed")
 
     if WALK:
         in_chain, token_ids, valid, safe_ids = _draft_tokens(first_ids, active, num_drafts, vocab_size,
@@ -476,6 +530,8 @@ def _chain_verify_kernel(
             if arrive(arrivals_ptr + row_block, num_splits, failed_ptr):
                 tl.debug_barrier()
                 tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
+                if STAGED or not LOGITS:
+                    tl.atomic_xchg(claims_ptr + row_block, 0, sem="relaxed")  # every program of it claimed
                 # Every wait of the row block is over: a give-up fails its requests.
                 failed = count_give_ups(failed_ptr, errors_ptr + CHAIN_WAIT_GAVE_UP)
                 if STAGED:
@@ -496,18 +552,9 @@ def _chain_verify_kernel(
                               token, token_ids, max_drafts, stride_output_b, BLOCK_K1)
 
         if LOGITS and not STAGED:
-            # The last program to end returns the tickets (all were taken by then), whatever they held. The row
-            # blocks' outcomes are written by now: a damaged end count is counted as a fault directly.
+            # The last program to end puts the launch's words back to zero, and its claim. The row blocks'
+            # outcomes are written by now: a damaged end count is counted as a fault directly.
             num_programs = tl.num_programs(0)
-            if arrive(tickets_ptr + 1, num_programs, errors_ptr + CHAIN_WAIT_GAVE_UP):
-                tl.atomic_xchg(tickets_ptr, 0, sem="relaxed")
-                tl.atomic_add(tickets_ptr + 1, -num_programs, sem="relaxed")
-                # Every program has ended: the row blocks' counters and flags go back to zero here, whatever
-                # they held (damaged tickets can give a wave 1 role to a program that arrives after its row
-                # block's outputs were written).
-                for start in range(0, num_row_blocks, _SWEEP_BLOCK):
-                    row_blocks = start + tl.arange(0, _SWEEP_BLOCK)
-                    swept = row_blocks < num_row_blocks
-                    tl.store(wave1_arrivals_ptr + row_blocks, tl.zeros((_SWEEP_BLOCK,), tl.int32), mask=swept)
-                    tl.store(arrivals_ptr + row_blocks, tl.zeros((_SWEEP_BLOCK,), tl.int32), mask=swept)
-                    tl.store(failed_ptr - row_block + row_blocks, tl.zeros((_SWEEP_BLOCK,), tl.int32), mask=swept)
+            if arrive(tickets_ptr + END_WORD, num_programs, errors_ptr + CHAIN_WAIT_GAVE_UP):
+                _reset_launch(tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, failed_ptr - row_block, num_row_blocks)
+                tl.atomic_xchg(tickets_ptr + LAUNCH_CLAIM_WORD, 0, sem="relaxed")

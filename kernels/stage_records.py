@@ -20,6 +20,15 @@ The waits are bounded (:func:`wait_for`) and report giving up in the
 request's failure flag; the request's last program (:func:`arrive`) counts
 the flag into the device's fault counters and writes the failure outcome
 (:func:`count_give_ups`).
+
+Before any of that, the programs of a request (a chain row block) *claim*
+it for their launch (:func:`claim`): the first to arrive resets every word
+the request uses, whatever they held (a stray write, a launch that never
+ended), and the others wait for it, a program that is running. A claim word
+holds ``2 * stamp`` while its claimer resets, ``2 * stamp + 1`` once the
+words are reset, where ``stamp`` is a number the host draws for each launch
+(``specdec_kernels/_workspace.py``, ``launch_stamp``); the request's last
+program puts it back to zero.
 """
 
 import triton
@@ -81,6 +90,40 @@ def arrive(counter_ptr, expected, fault_ptr):
     tl.atomic_add(fault_ptr, 1, mask=damaged, sem="relaxed")
     tl.atomic_add(counter_ptr, -arrived, mask=damaged, sem="relaxed")
     return tl.where(damaged, 0, arrived) == expected - 1
+
+
+@triton.jit
+def claim(claim_ptr, stamp):
+    """Whether this program is the first of its launch at ``*claim_ptr``: it then resets the words the claim
+    guards and calls :func:`claimed`; the other programs call :func:`wait_for_claim`. Any word not of this
+    launch's stamp (zero, another launch's, damage) is taken over with one compare-and-swap, which at most one
+    program of the launch wins."""
+    seen = tl.atomic_add(claim_ptr, 0, sem="acquire")
+    first = seen != seen  # False, as a value: the branch assigns one
+    if (seen >> 1) != stamp:
+        first = tl.atomic_cas(claim_ptr, seen, 2 * stamp, sem="acq_rel") == seen
+    return first
+
+
+@triton.jit
+def claimed(claim_ptr, stamp):
+    """The claimer has reset the words: release them to the programs waiting in :func:`wait_for_claim`."""
+    tl.debug_barrier()  # every thread's stores issued before the release
+    tl.atomic_xchg(claim_ptr, 2 * stamp + 1, sem="release")
+
+
+@triton.jit
+def wait_for_claim(claim_ptr, stamp):
+    """Wait (acquire) until the claimer has reset the words. The claimer is running, so the wait ends; one that
+    still reaches ``SPIN_LIMIT`` polls returns True, and the caller fails its request."""
+    ready = 2 * stamp + 1
+    seen = tl.atomic_add(claim_ptr, 0, sem="acquire")
+    polls = 0
+    while (seen != ready) & (polls < SPIN_LIMIT):
+        seen = tl.atomic_add(claim_ptr, 0, sem="acquire")
+        polls += 1
+    tl.debug_barrier()
+    return seen != ready
 
 
 @triton.jit

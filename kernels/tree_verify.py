@@ -81,8 +81,8 @@ from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_
                        normaliser_reciprocal, split_sums)
 from .faults import TREE_WAIT_GAVE_UP
 from .stage_records import STAGE_WORDS, publish, take_slice, wait_for_stage
-from .tree_verify_stages import (FAILED_WORD, end_record, end_request, entry_statistics, publish_entry, publish_slice,
-                                 replay_rejection, replayed_rejection, stage_totals)
+from .tree_verify_stages import (FAILED_WORD, begin_request, end_record, end_request, entry_statistics,
+                                 publish_entry, publish_slice, replay_rejection, replayed_rejection, stage_totals)
 from .truncation import any_truncation, row_truncation, truncation_parameters
 
 RESIDUAL_HAD_MASS = tl.constexpr(1)  # pending_kind's flags
@@ -362,7 +362,7 @@ def _node_statistics(target_row, needs_statistics, needs_threshold, inverse_temp
 
 @triton.jit(do_not_specialize=[
     "seed_low", "seed_high", "offset_low", "offset_high", "batch_size", "tree_size", "num_chunks",
-    "num_splits", "chunks_per_split", "fault_role",
+    "num_splits", "chunks_per_split", "fault_role", "stamp",
     "stride_ids_b", "stride_parents_b", "stride_accepted_b", "stride_output_b",
 ])
 def _tree_verify_kernel(
@@ -373,7 +373,7 @@ def _tree_verify_kernel(
     # workspace: scratch rows [B, SCRATCH_ROWS, V] float32; chunk results [B, chunks];
     # split plan: stage records [B, N + 1, STAGE_WORDS] int64. The device's fault counters
     # (specdec_kernels/_faults.py) and the role whose first wait gives up (tests; -1: none)
-    scratch_ptr, chunk_total_ptr, chunk_pick_ptr, stages_ptr, errors_ptr, fault_role,
+    scratch_ptr, chunk_total_ptr, chunk_pick_ptr, stages_ptr, errors_ptr, fault_role, stamp,
     batch_size, tree_size, vocab_size, num_chunks, num_splits, chunks_per_split,
     stride_ids_b, stride_ids_n, stride_parents_b, stride_parents_n,
     stride_target_b, stride_target_n, stride_draft_b, stride_draft_n, stride_accepted_b, stride_output_b,
@@ -402,6 +402,8 @@ def _tree_verify_kernel(
     history = stages_ptr + request.to(tl.int64) * (tree_size + 2) * STAGE_WORDS
     failed_ptr = end_record(history, tree_size) + FAILED_WORD  # nonzero once a wait of the request gave up
     give_up = tl.program_id(0) == fault_role
+    if SPLIT:
+        begin_request(history, tree_size, stamp)
     stage = tl.program_id(0) * 0  # the next stage
     replayed = stage  # the current node's rejections (split plan)
     greedy, sampled, inverse_temperature = request_temperatures(temperature_ptr, requests, active, HAS_TEMPERATURE,

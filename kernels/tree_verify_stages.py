@@ -34,19 +34,20 @@ is not recorded: every program derives it from the same totals and keeps
 the current node's rejections in registers to replay them
 (:func:`replay_rejection`), so a pass reads no record per tile.
 
-End record: word 0 counts the programs out, word 2 is nonzero once a wait
-of the request gave up (``kernels/stage_records.py``, ``wait_for``).
-The last program of the request to end puts every record of the request
-back to zero (``tree_size + 2`` lines of 128 bytes), so the next call starts
-from zeros without a memset launch, whatever the programs did (one that gave
-up a wait goes on with partial totals and may walk elsewhere) and whatever
-the words held when the call started.
+End record: word 0 counts the programs out, word 1 is the request's claim
+(``kernels/stage_records.py``, ``claim``), word 2 is nonzero once a wait
+of the request gave up (``wait_for``). The request's first program
+claims it and zeroes every other word of its records (:func:`begin_request`),
+so a call starts from zeros whatever the words held; the last program to
+end puts every record back to zero, the claim too (``tree_size + 2`` lines
+of 128 bytes), whatever the programs did (one that gave up a wait goes on
+with partial totals and may walk elsewhere).
 """
 
 import triton
 import triton.language as tl
 
-from .stage_records import STAGE_WORDS, arrive, count_give_ups, publish
+from .stage_records import STAGE_WORDS, arrive, claim, claimed, count_give_ups, publish, wait_for_claim
 
 TOTALS_WORD = tl.constexpr(2)
 ENTRY_WORD = tl.constexpr(2)
@@ -55,6 +56,7 @@ _SIGN_SHIFT = tl.constexpr(31)  # and the residual flag in the sign bit of p's (
 _LOW_MASK = tl.constexpr((1 << 32) - 1)
 _MAGNITUDE_MASK = tl.constexpr((1 << 31) - 1)
 ENDED_WORD = tl.constexpr(0)  # end record: programs counted out,
+CLAIM_WORD = tl.constexpr(1)  # the launch that owns the records,
 FAILED_WORD = tl.constexpr(2)  # nonzero once a wait of the request gave up
 
 
@@ -174,6 +176,31 @@ def replayed_rejection(replay_tokens, replay_reciprocals, slot):
 
 
 @triton.jit
+def begin_request(history, tree_size, stamp):
+    """Before a program of the request touches its records: the first of the launch zeroes every word of them
+    but the claim (:func:`_zero_records`), the others wait until it has."""
+    end = end_record(history, tree_size)
+    if claim(end + CLAIM_WORD, stamp):
+        _zero_records(history, end, True)
+        claimed(end + CLAIM_WORD, stamp)
+    elif wait_for_claim(end + CLAIM_WORD, stamp):
+        tl.atomic_add(end + FAILED_WORD, 1, sem="relaxed")
+
+
+@triton.jit
+def _zero_records(history, end, KEEP_CLAIM: tl.constexpr):
+    """Zero every record of the request, the end record last (its claim word too unless ``KEEP_CLAIM``). Their
+    count from the two addresses, live at the end anyway (keeping tree_size live there spilled on sm_80)."""
+    records = (end.to(tl.int64, bitcast=True) - history.to(tl.int64, bitcast=True)) // (8 * STAGE_WORDS)
+    words = tl.arange(0, STAGE_WORDS)
+    for stage in range(0, records + 1):
+        zeroed = words >= 0
+        if KEEP_CLAIM:
+            zeroed = tl.where(stage == records, words != CLAIM_WORD, zeroed)
+        tl.store(history + stage * STAGE_WORDS + words, tl.zeros((STAGE_WORDS,), tl.int64), mask=zeroed)
+
+
+@triton.jit
 def end_request(history, tree_size, splits, errors_ptr):
     """Count this program out; the request's last program zeroes every record of the request, counts the waits
     that gave up into ``*errors_ptr``, and returns whether the request failed (the others return False)."""
@@ -182,11 +209,5 @@ def end_request(history, tree_size, splits, errors_ptr):
     failed = tl.program_id(0) < 0
     if arrive(end + ENDED_WORD, splits, end + FAILED_WORD):
         failed = count_give_ups(end + FAILED_WORD, errors_ptr)
-        # Every stage record, not only those the programs used: the next call starts from zeros whatever a word
-        # held when this one started. Their count from the two addresses, live here anyway (keeping tree_size
-        # live spilled on sm_80).
-        records = (end.to(tl.int64, bitcast=True) - history.to(tl.int64, bitcast=True)) // (8 * STAGE_WORDS)
-        words = tl.arange(0, STAGE_WORDS)
-        for stage in range(0, records + 1):  # the end record last
-            tl.store(history + stage * STAGE_WORDS + words, tl.zeros((STAGE_WORDS,), tl.int64))
+        _zero_records(history, end, False)  # every record, not only those the programs used
     return failed

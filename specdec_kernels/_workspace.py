@@ -36,6 +36,8 @@ garbage counters (wrong tokens or an endless spin):
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 
 import torch
@@ -70,6 +72,19 @@ def _still_capturing(stream) -> bool:
         return False
     with torch.cuda.device(stream.device), torch.cuda.stream(stream):
         return torch.cuda.is_current_stream_capturing()
+
+
+# Launch stamps (kernels/stage_records.py, ``claim``): distinct for every launch of the process, and in
+# [2**40, 2**61) from a random start, so no small count and no -1 left in a word reads as one (a claim word holds
+# 2 * stamp or 2 * stamp + 1, and an int64 kernel argument keeps one compiled signature).
+_stamps = itertools.count((1 << 40) + int.from_bytes(os.urandom(7), "little") % (1 << 59))
+
+
+def launch_stamp() -> int:
+    """A number for one kernel launch that no other launch of this process is given (the claim of its
+    workspace words). A captured CUDA graph replays the stamp it was captured with; its last program puts every
+    claim word back to zero, so each replay claims again."""
+    return next(_stamps)
 
 
 def buffers(device: torch.device, specs: dict[str, tuple[int, torch.dtype]]) -> dict[str, torch.Tensor]:

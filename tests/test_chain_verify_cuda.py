@@ -517,9 +517,10 @@ def test_rejects_bad_sampling_parameters():
 
 def test_workspace_specs():
     specs = cuda_workspace_specs(5, 4, 3000, False, "cpu")
-    (workspace, workspace_dtype), (arrivals, arrivals_dtype), (stages, stages_dtype) = specs.values()
+    (workspace, workspace_dtype), (arrivals, arrivals_dtype), (stages, stages_dtype), claims = specs.values()
     assert workspace_dtype == torch.int64 and arrivals_dtype == torch.int32 and stages_dtype == torch.int64
     assert arrivals == 2 * 5  # per request its arrivals and failure flag
+    assert claims == (5, torch.int64)  # per request the launch's claim of its words
     # Three words per chunk and request, then two int32 statistics per row for B + 8 = 13 slices (two per
     # request: 10).
     assert workspace == 3 * 5 * 3 + 13 * 4 * 2 // 2

@@ -34,8 +34,10 @@ needs_tree_op, _, _ = extension_op_marks("tree_verify")
 
 # Every buffer a call must leave at zero (the counters, failure flags and stage records).
 CLEAN_BUFFERS = ("chain_verify.tickets", "chain_verify.wave1_arrivals", "chain_verify.arrivals",
-                 "chain_verify.failed_row_blocks", "chain_verify.stage_counters", "tree_verify.stage_counters",
-                 "chain_verify_cuda.arrivals", "chain_verify_cuda.stages", "tree_verify_cuda.stages")
+                 "chain_verify.failed_row_blocks", "chain_verify.claims", "chain_verify.stage_counters",
+                 "tree_verify.stage_counters",
+                 "chain_verify_cuda.arrivals", "chain_verify_cuda.stages", "chain_verify_cuda.claims",
+                 "tree_verify_cuda.stages")
 
 # The chain plans whose programs wait, on a batch whose rows split three ways (V = 3000, three chunks):
 # (logits, top_k, top_p) -> the plan the launchers pick for them (the CUDA kernel stages logits too).

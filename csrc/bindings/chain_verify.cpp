@@ -33,6 +33,8 @@ struct ChainVerifyTensors {
   const std::optional<at::Tensor>& stages;  // the staged plan's records, or none (one block per truncated request)
   const std::optional<at::Tensor>& errors;  // the device's fault counters, or none: not counted
   int64_t fault_role;                       // tests: the block of this role gives up its waits
+  const std::optional<at::Tensor>& claims;  // per request the launch's claim of its words, or none: no claims
+  int64_t stamp;                            // this launch's number (faults.cuh, claim_ready)
 };
 
 // The sizes of one call, read from either layout.
@@ -137,6 +139,13 @@ ChainShapes check_chain_verify_args(const ChainVerifyTensors& t, const char* op)
                     chain_counter_words(batch_size), ", got ", t.arrivals.sizes());
   check_fault_counters(t.errors, op, t.target);
   check_same_device(t.arrivals, op, "arrivals", t.target, "target");
+  if (t.claims.has_value()) {
+    check_dtype(*t.claims, op, "claims", at::kLong);
+    TORCH_CHECK_VALUE(t.claims->dim() == 1 && t.claims->is_contiguous() && t.claims->numel() >= batch_size,
+                      "specdec_C::", op, ": `claims` must be a contiguous [N] tensor with N >= B = ", batch_size,
+                      ", got ", t.claims->sizes());
+    check_same_device(*t.claims, op, "claims", t.target, "target");
+  }
   if (t.stages.has_value()) {
     check_dtype(*t.stages, op, "stages", at::kLong);
     TORCH_CHECK_VALUE(t.stages->dim() == 1 && t.stages->is_contiguous(), "specdec_C::", op,
@@ -204,6 +213,8 @@ ChainVerifyInputs prepare_chain_verify(const ChainVerifyTensors& t, const ChainS
   args.counters = t.arrivals.data_ptr<int32_t>();
   args.errors = fault_counters(t.errors);
   args.fault_role = t.fault_role;
+  if (t.claims.has_value()) args.claims = t.claims->data_ptr<int64_t>();
+  args.stamp = t.stamp;
   if (t.stages.has_value()) {
     args.stages = t.stages->data_ptr<int64_t>();
     args.stage_words = t.stages->numel();
@@ -264,10 +275,10 @@ void chain_verify(const at::Tensor& draft_token_ids, const at::Tensor& target, c
                   int64_t num_splits, const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                   const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids,
                   const std::optional<at::Tensor>& stages, const std::optional<at::Tensor>& errors,
-                  int64_t fault_role) {
+                  int64_t fault_role, const std::optional<at::Tensor>& claims, int64_t stamp) {
   verify_chain<backend>({draft_token_ids, kNoTensor, target, draft, num_draft_tokens, temperature, seed, offset,
                          workspace, arrivals, output_token_ids, num_accepted, num_splits, 0,
-                         {top_k, top_p, min_p, bonus_token_ids}, stages, errors, fault_role},
+                         {top_k, top_p, min_p, bonus_token_ids}, stages, errors, fault_role, claims, stamp},
                         "chain_verify", logits, seed_value, offset_value);
 }
 
@@ -281,11 +292,12 @@ void chain_verify_packed(const at::Tensor& draft_token_ids, const at::Tensor& cu
                          const at::Tensor& num_accepted, int64_t num_splits, const std::optional<at::Tensor>& top_k,
                          const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
                          const std::optional<at::Tensor>& bonus_token_ids, const std::optional<at::Tensor>& stages,
-                         const std::optional<at::Tensor>& errors, int64_t fault_role) {
+                         const std::optional<at::Tensor>& errors, int64_t fault_role,
+                         const std::optional<at::Tensor>& claims, int64_t stamp) {
   const std::optional<at::Tensor> cu = cu_num_draft_tokens;
   verify_chain<backend>({draft_token_ids, cu, target, draft, kNoTensor, temperature, seed, offset, workspace,
                          arrivals, output_token_ids, num_accepted, num_splits, max_num_draft_tokens,
-                         {top_k, top_p, min_p, bonus_token_ids}, stages, errors, fault_role},
+                         {top_k, top_p, min_p, bonus_token_ids}, stages, errors, fault_role, claims, stamp},
                         "chain_verify_packed", logits, seed_value, offset_value);
 }
 
@@ -310,12 +322,17 @@ TORCH_LIBRARY_FRAGMENT(specdec_C, m) {
   // None: the device's fault counters (faults.cuh) a wait that gives up
   // counts into; the request then gets tokens -1 and num_accepted 0.
   // `fault_role` (tests): the block of that role gives up its waits at once.
+  // `claims` int64 [>= B] or None: per request the launch's claim of its
+  // words (faults.cuh), left zero; `stamp` a number the caller draws for
+  // each launch, in [2**40, 2**61): the first block of a split request resets
+  // its words whatever they held, the others wait for it.
   m.def(
       "chain_verify(Tensor draft_token_ids, Tensor target, Tensor? draft, Tensor? num_draft_tokens, "
       "Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, int offset_value, "
       "Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, Tensor(d!) num_accepted, "
       "int num_splits=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, Tensor(f!)? errors=None, int fault_role=-1) -> ()");
+      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, Tensor(f!)? errors=None, int fault_role=-1, "
+      "Tensor(g!)? claims=None, int stamp=0) -> ()");
   // The same on the packed layout (sk.chain_verify_packed): draft_token_ids
   // [T], cu_num_draft_tokens [B+1] (int32 or int64, read on the device),
   // target [T+B, V], draft [T, V] or None; the workspace and counters as for
@@ -325,7 +342,8 @@ TORCH_LIBRARY_FRAGMENT(specdec_C, m) {
       "int max_num_draft_tokens, Tensor? temperature, bool logits, Tensor? seed, int seed_value, Tensor? offset, "
       "int offset_value, Tensor(a!) workspace, Tensor(b!) arrivals, Tensor(c!) output_token_ids, "
       "Tensor(d!) num_accepted, int num_splits=0, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
-      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, Tensor(f!)? errors=None, int fault_role=-1) -> ()");
+      "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, Tensor(f!)? errors=None, int fault_role=-1, "
+      "Tensor(g!)? claims=None, int stamp=0) -> ()");
 }
 
 SPECDEC_REGISTER_BACKENDS("chain_verify", specdec::bindings::chain_verify)

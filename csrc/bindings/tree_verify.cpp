@@ -29,6 +29,7 @@ struct TreeVerifyTensors {
   int64_t num_splits;
   const std::optional<at::Tensor>& errors;  // the device's fault counters, or none: not counted
   int64_t fault_role;                       // tests: the block of this role gives up its waits
+  int64_t stamp;                            // split plan: this launch's number (faults.cuh, claims), 0: none
 };
 
 void check_tree_verify_args(const TreeVerifyTensors& t) {
@@ -150,6 +151,7 @@ TreeVerifyInputs prepare_tree_verify(const TreeVerifyTensors& t, bool logits, in
   args.num_splits = static_cast<int32_t>(t.num_splits);
   args.errors = fault_counters(t.errors);
   args.fault_role = t.fault_role;
+  args.stamp = t.stamp;
   args.batch_size = inputs.target.size(0);
   args.max_nodes = static_cast<int32_t>(inputs.target.size(1));
   args.vocab_size = static_cast<int32_t>(inputs.target.size(2));
@@ -179,10 +181,11 @@ void tree_verify(const at::Tensor& tree_token_ids, const at::Tensor& parents, co
                  const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                  const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& bonus_token_ids,
                  const std::optional<at::Tensor>& stages, int64_t num_splits,
-                 const std::optional<at::Tensor>& errors, int64_t fault_role) {
+                 const std::optional<at::Tensor>& errors, int64_t fault_role, int64_t stamp) {
   const TreeVerifyTensors tensors = {tree_token_ids, parents, target, draft, num_nodes, temperature, draft_sampling,
                                      seed, offset, workspace, accepted_nodes, output_token_ids, num_accepted,
-                                     {top_k, top_p, min_p, bonus_token_ids}, stages, num_splits, errors, fault_role};
+                                     {top_k, top_p, min_p, bonus_token_ids}, stages, num_splits, errors, fault_role,
+                                     stamp};
   if constexpr (backend == Backend::kMeta) {
     check_tree_verify_meta(tensors);
   } else {
@@ -213,14 +216,17 @@ TORCH_LIBRARY_FRAGMENT(specdec_C, m) {
   // None: the device's fault counters (faults.cuh) a wait that gives up
   // counts into; the request then gets tokens -1, accepted_nodes [0, -1, ...]
   // and num_accepted 0. `fault_role` (tests): the block of that role
-  // (b * num_splits + rank) gives up its waits at once.
+  // (b * num_splits + rank) gives up its waits at once. `stamp`: a number
+  // the caller draws for each launch, in [2**40, 2**61), or 0: with it the
+  // first block of a split request claims its records for the launch and
+  // zeroes them, whatever they held (faults.cuh), and the others wait for it.
   m.def(
       "tree_verify(Tensor tree_token_ids, Tensor parents, Tensor target, Tensor? draft, Tensor? num_nodes, "
       "Tensor? temperature, bool logits, str draft_sampling, Tensor? seed, int seed_value, Tensor? offset, "
       "int offset_value, Tensor(a!) workspace, Tensor(b!) accepted_nodes, Tensor(c!) output_token_ids, "
       "Tensor(d!) num_accepted, Tensor? top_k=None, Tensor? top_p=None, Tensor? min_p=None, "
       "Tensor? bonus_token_ids=None, Tensor(e!)? stages=None, int num_splits=1, Tensor(f!)? errors=None, "
-      "int fault_role=-1) -> ()");
+      "int fault_role=-1, int stamp=0) -> ()");
 }
 
 SPECDEC_REGISTER_BACKENDS("tree_verify", specdec::bindings::tree_verify)

@@ -178,9 +178,10 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     ``[B, BLOCK_K1, SPLITS]``; the staged plan's stage records (``stage_counters``,
     ``[B, 20, 16 + 32 * BLOCK_K1]`` int64, for ``B < 2 * SMs`` at most; one
     word unless ``truncate``: only calls with ``top_k``/``top_p``/``min_p``
-    use them), the counters and the row blocks' failure flags
+    use them), the counters, the row blocks' failure flags
     (``failed_row_blocks``, set by a wait that gave up,
-    ``specdec_kernels/_faults.py``) are left at zero by every call.
+    ``specdec_kernels/_faults.py``) and their claims (``claims``,
+    ``kernels/stage_records.py``) are left at zero by every call.
     """
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
@@ -206,10 +207,11 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
         "chain_verify.stat_max": (stat_slots, torch.float32),
         "chain_verify.stat_arg": (stat_slots, torch.int32),
         "chain_verify.stat_sum": (logit_slots, torch.float32),
-        "chain_verify.tickets": (2, torch.int64),  # 64-bit: a damaged count wraps only past 2**63
+        "chain_verify.tickets": (3, torch.int64),  # next ticket, programs ended, the launch's claim
         "chain_verify.wave1_arrivals": (batch_size, torch.int32),
         "chain_verify.arrivals": (batch_size, torch.int32),
         "chain_verify.failed_row_blocks": (batch_size, torch.int32),
+        "chain_verify.claims": (batch_size, torch.int64),  # 2 * launch stamp (+ 1 once the row block is reset)
         "chain_verify.stage_counters": (stage_words, torch.int64),
     }
 
@@ -277,7 +279,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
             placeholder if num_draft_tokens is None else num_draft_tokens,
             placeholder if cu_num_draft_tokens is None else cu_num_draft_tokens,
             *triton_arguments(options, placeholder), output, num_accepted,
-            *scratch.values(), errors, _faults.give_up_role(),
+            *scratch.values(), errors, _faults.give_up_role(), _workspace.launch_stamp(),
             batch_size, max_drafts, num_tokens, vocab_size, config.num_chunks, config.num_splits,
             config.chunks_per_split,
             draft_token_ids.stride(0), *_layout_strides(target), *_layout_strides(draft), output.stride(0),
@@ -327,8 +329,10 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
     batches have one block per request), one word unless ``logits`` or
     ``truncate`` (only calls with logits or ``top_k``/``top_p``/``min_p``
     split their rows through them; logits alone need 16 words a request).
-    ``arrivals`` and ``stages`` are zero-initialised once and left at zero by
-    every call, give-ups included. Every size is non-decreasing in ``B``,
+    ``claims`` (int64 ``[B]``): per request the launch's claim of its words
+    (``kernels/stage_records.py``, ``claim``). ``arrivals``, ``stages`` and
+    ``claims`` are zero-initialised once and left at zero by every call,
+    give-ups included. Every size is non-decreasing in ``B``,
     ``K + 1`` and ``V``, so a reservation for the largest sizes covers every
     smaller call.
     """
@@ -346,16 +350,17 @@ def cuda_workspace_specs(batch_size, rows_per_request, vocab_size, logits, devic
         "chain_verify_cuda.arrivals": (2 * batch_size, torch.int32),
         "chain_verify_cuda.stages": (max(1, cuda_stage_words(split_requests, rows_per_request, truncate)),
                                      torch.int64),
+        "chain_verify_cuda.claims": (batch_size, torch.int64),
     }
 
 
 def _cuda_outputs_and_workspace(batch_size, max_drafts, vocab_size, logits, device, truncate):
-    """``(output_token_ids, num_accepted, workspace, arrivals, stages)`` of one CUDA call; no workspace when
-    ``B == 0``."""
+    """``(output_token_ids, num_accepted, workspace, arrivals, stages, claims)`` of one CUDA call; no workspace
+    when ``B == 0``."""
     output = torch.empty((batch_size, max_drafts + 1), dtype=torch.int32, device=device)
     num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
     if batch_size == 0:
-        return output, num_accepted, None, None, None
+        return output, num_accepted, None, None, None, None
     scratch = _workspace.buffers(device, cuda_workspace_specs(batch_size, max_drafts + 1, vocab_size, logits, device,
                                                               truncate))
     return (output, num_accepted, *scratch.values())
@@ -377,7 +382,7 @@ def cuda_chain_verify_packed(draft_token_ids, cu_num_draft_tokens, target, draft
 
 def _cuda_launch(extension_op, layout: tuple, target, batch_size: int, max_drafts: int, options: VerifyOptions):
     """One call of the extension's chain op: its ``layout`` arguments, then the bundle's and the workspace."""
-    output, num_accepted, workspace, arrivals, stages = _cuda_outputs_and_workspace(
+    output, num_accepted, workspace, arrivals, stages, claims = _cuda_outputs_and_workspace(
         batch_size, max_drafts, target.shape[-1], options.logits, target.device, options.truncates)
     if batch_size > 0:
         extension_op(
@@ -385,5 +390,6 @@ def _cuda_launch(extension_op, layout: tuple, target, batch_size: int, max_draft
             options.offset, workspace, arrivals, output, num_accepted,
             top_k=options.top_k, top_p=options.top_p, min_p=options.min_p, bonus_token_ids=options.bonus_token_ids,
             stages=stages, errors=_faults.error_counters(target.device), fault_role=_faults.give_up_role(),
+            claims=claims, stamp=_workspace.launch_stamp(),
         )
     return output, num_accepted

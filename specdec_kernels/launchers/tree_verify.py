@@ -218,7 +218,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             tree_token_ids, parents, target, placeholder if draft is None else draft,
             placeholder if num_nodes is None else num_nodes, *triton_arguments(options, placeholder),
             accepted_nodes, output, num_accepted,
-            *scratch.values(), errors, _faults.give_up_role(),
+            *scratch.values(), errors, _faults.give_up_role(), _workspace.launch_stamp(),
             batch_size, tree_size, vocab_size, config.num_chunks, config.num_splits, config.chunks_per_split,
             tree_token_ids.stride(0), tree_token_ids.stride(1), parents.stride(0), parents.stride(1),
             target.stride(0), target.stride(1),
@@ -284,6 +284,6 @@ def cuda_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temperat
         tree_token_ids, parents, target, draft, num_nodes, options.temperature, options.logits, draft_sampling,
         options.seed_tensor, options.seed, options.offset_tensor, options.offset, workspace, accepted_nodes, output,
         num_accepted, *options.parameters, stages, num_splits,
-        errors=_faults.error_counters(device), fault_role=_faults.give_up_role(),
+        errors=_faults.error_counters(device), fault_role=_faults.give_up_role(), stamp=_workspace.launch_stamp(),
     )
     return accepted_nodes, output, num_accepted

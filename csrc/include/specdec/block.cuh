@@ -26,7 +26,12 @@
 //                                            and is taken back out (faults.cuh);
 //   raise(flag)                              thread 0 sets bit 0 of an int32 failure flag
 //                                            (relaxed; nonzero whatever it held);
-//   reset(counter)                           back to zero (the last arrival only);
+//   reset(counter)                           back to zero (the last arrival, or a claimer);
+//   claim(word, stamp)                       whether this block is the first of its launch at an
+//                                            int64 claim word (faults.cuh): it then resets the
+//                                            words the claim guards and calls claimed(word,
+//                                            stamp); the others wait_for_claim(word, stamp),
+//                                            bounded, true when it gave up;
 //   fetch_and_clear(word)                    thread 0 swaps an int32 word with 0; every
 //                                            thread gets the value before;
 //   wait_at_least(counter, count, fault)     bounded acquire-spin until *counter >= count or
@@ -268,6 +273,47 @@ struct DeviceBlock {
 
   __device__ __forceinline__ void reset(int32_t* counter) const {
     if (thread() == 0) atomicExch(counter, 0);
+  }
+  __device__ __forceinline__ void reset(int64_t* counter) const {
+    if (thread() == 0) atomicExch(reinterpret_cast<unsigned long long*>(counter), 0ull);
+  }
+
+  // Thread 0 takes a word not of this launch's stamp over with one
+  // compare-and-swap, which one block of the launch wins (no retry loop).
+  __device__ __forceinline__ bool claim(int64_t* word, int64_t stamp) const {
+    __syncthreads();  // the previous use of `broadcast` is over
+    if (thread() == 0) {
+      const int64_t seen = load_acquire(word);
+      shared->broadcast = claim_is_stale(seen, stamp) &&
+                          atomicCAS(reinterpret_cast<unsigned long long*>(word), static_cast<unsigned long long>(seen),
+                                    static_cast<unsigned long long>(claim_resetting(stamp))) ==
+                              static_cast<unsigned long long>(seen);
+    }
+    __syncthreads();
+    return shared->broadcast != 0;
+  }
+
+  // The barrier orders every thread's resets before thread 0's release.
+  __device__ __forceinline__ void claimed(int64_t* word, int64_t stamp) const {
+    __syncthreads();
+    if (thread() == 0) {
+      asm volatile("st.release.gpu.global.b64 [%0], %1;" : : "l"(word), "l"(claim_ready(stamp)) : "memory");
+    }
+  }
+
+  // The claimer is running, so the wait ends; it is bounded anyway.
+  __device__ __forceinline__ bool wait_for_claim(const int64_t* word, int64_t stamp) const {
+    __syncthreads();  // the previous use of `broadcast` is over
+    if (thread() == 0) {
+      int64_t seen = load_acquire(word);
+      for (int64_t spin = 0; seen != claim_ready(stamp) && spin < kMaxSpins; ++spin) {
+        __nanosleep(256);
+        seen = load_acquire(word);
+      }
+      shared->broadcast = seen != claim_ready(stamp);
+    }
+    __syncthreads();
+    return shared->broadcast != 0;
   }
 
   __device__ __forceinline__ int32_t fetch_and_clear(int32_t* word) const {

@@ -163,6 +163,8 @@ struct ChainVerifyArgs {
   int32_t* counters = nullptr;  // [2 B]: per request its arrivals and failure flag
   int32_t* errors = nullptr;    // the device's fault counters (faults.cuh), or nullptr: not counted
   int64_t fault_role = kNoFault;  // tests: the block of this role gives up its waits at once
+  int64_t* claims = nullptr;      // [B]: per request the launch's claim of its words (faults.cuh), or nullptr
+  int64_t stamp = 0;              // this launch's number (specdec_kernels/_workspace.py, launch_stamp)
   int64_t* stages = nullptr;    // the staged plan's records (chain_verify_stages.cuh), zero before and after a call
   int64_t stage_words = 0;      // its int64 words; less than chain_verify_stage_words(args): no staged plan
   IndexTensor top_k;             // [B] int32/int64, or data nullptr: off

@@ -278,6 +278,44 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE StagedRecords staged_records(const Chain
           args.vocab_size, fault};
 }
 
+// Before any block of a split request counts: its words are this launch's,
+// whatever they held (a launch that never ended, a stray write). The first
+// block of the launch resets the arrival count, the failure flag and
+// (kStaged) the stage records the request uses; the others wait for it, a
+// running block (a wait that gives up fails the request).
+template <bool kStaged, class Block>
+SPECDEC_HOST_DEVICE void claim_request(const Block& block, const ChainVerifyParams& params, int64_t b,
+                                       int32_t* arrivals) {
+  const ChainVerifyArgs& args = params.args;
+  int64_t* const claim = args.claims + b;
+  if (block.claim(claim, args.stamp)) {
+    block.reset(arrivals);
+    block.reset(arrivals + kChainFailedAfterArrivals);
+    if constexpr (kStaged) {
+      clear_used_records(block, staged_records(params, b, WaitFault{}),
+                         load_truncation_parameters(args.top_k, args.top_p, args.min_p, b, args.vocab_size));
+    }
+    block.claimed(claim, args.stamp);
+  } else if (block.wait_for_claim(claim, args.stamp)) {
+    block.raise(arrivals + kChainFailedAfterArrivals);
+  }
+}
+
+// Whether the request's blocks claim its words (one block alone has nobody
+// to count with). Derived where needed, not kept live: registers are at their cap.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool claims_request(const ChainVerifyArgs& args, int64_t num_splits) {
+  return num_splits > 1 && args.claims != nullptr;
+}
+
+// The last arrival of a request: its count and its claim back to zero
+// (nobody reads them any more).
+template <class Block>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void release_request(const Block& block, const ChainVerifyArgs& args,
+                                                             int64_t b, int32_t* arrivals, int64_t num_splits) {
+  block.reset(arrivals);
+  if (claims_request(args, num_splits)) block.reset(args.claims + b);
+}
+
 // One block: request b = role / num_splits, slice role % num_splits (the
 // role is the block's linear id). kStaged: the staged plan's program
 // (plan.staged), a kernel of its own: it has no walk, and the two together
@@ -337,6 +375,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
   int32_t* arrivals = counters + chain_arrivals_word(b);
   const int32_t arrivals_per_call = static_cast<int32_t>(num_splits);
   int32_t* output_row = args.output_token_ids + b * args.output_stride_b;
+  if (claims_request(args, num_splits)) claim_request<kStaged>(block, params, b, arrivals);
 
   if (request.greedy) {
     if (!kStaged && num_splits == 1) {
@@ -352,7 +391,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
       }
     }
     if (!block.arrive_last(arrivals, arrivals_per_call, arrivals + kChainFailedAfterArrivals)) return;
-    block.reset(arrivals);  // last arrival of this call: nobody reads the counter any more
+    release_request(block, args, b, arrivals, num_splits);
     if (chain_request_failed(block, args, arrivals)) {  // a damaged arrival count
       write_failure(block, max_drafts, output_row, args.num_accepted + b);
       return;
@@ -401,7 +440,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     sample_slice<1>(block, row, key, args.vocab_size, chunk_lo, chunk_hi, chunk_slots);
   }
   if (!block.arrive_last(arrivals, arrivals_per_call, arrivals + kChainFailedAfterArrivals)) return;
-  block.reset(arrivals);
+  release_request(block, args, b, arrivals, num_splits);
   if constexpr (kStaged) {
     // Every block read the records before arriving: the stages used go back
     // to zero. What was used is found again from the arguments rather than

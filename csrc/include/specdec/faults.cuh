@@ -54,6 +54,17 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE Word wrapping_negative(Word word) {
   return static_cast<Word>(Bits{0} - static_cast<Bits>(word));
 }
 
+// A launch's claim of a request's words (kernels/stage_records.py, `claim`):
+// the claim word holds 2 * stamp while the first block of the launch resets
+// the words, 2 * stamp + 1 once it has; `stamp` is a number the host draws
+// per launch, in [2**40, 2**61). Any other value (zero, another launch's,
+// damage) is not this launch's, and the first block to see it takes it over.
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t claim_resetting(int64_t stamp) { return 2 * stamp; }
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t claim_ready(int64_t stamp) { return 2 * stamp + 1; }
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool claim_is_stale(int64_t seen, int64_t stamp) {
+  return (seen >> 1) != stamp;
+}
+
 // The last block of a request, after every wait of it: clears the failure
 // flag, counts the request as one fault in `errors` (the op's word of the
 // fault counters; nullptr: not counted) if any wait gave up, and returns

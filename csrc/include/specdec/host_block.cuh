@@ -200,8 +200,32 @@ struct SimtHostBlock {
     if (tid == 0) *flag |= 1;
   }
 
-  SPECDEC_HOST_DEVICE void reset(int32_t* counter) const {
+  template <class Word>
+  SPECDEC_HOST_DEVICE void reset(Word* counter) const {
     if (tid == 0) *counter = 0;
+  }
+
+  // DeviceBlock::claim, blocks in id order: the first block of the launch
+  // at the word claims it.
+  SPECDEC_HOST_DEVICE bool claim(int64_t* word, int64_t stamp) const {
+    return by_thread_zero([&] {
+      const bool first = claim_is_stale(*word, stamp);
+      if (first) *word = claim_resetting(stamp);
+      return static_cast<int32_t>(first);
+    }) != 0;
+  }
+
+  SPECDEC_HOST_DEVICE void claimed(int64_t* word, int64_t stamp) const {
+    by_thread_zero([&] {
+      *word = claim_ready(stamp);
+      return 0;
+    });
+  }
+
+  // The claimer has finished (blocks run in id order): a word not ready
+  // now never will be, and the wait gives up at once.
+  SPECDEC_HOST_DEVICE bool wait_for_claim(const int64_t* word, int64_t stamp) const {
+    return by_thread_zero([&] { return static_cast<int32_t>(*word != claim_ready(stamp)); }) != 0;
   }
 
   SPECDEC_HOST_DEVICE int32_t fetch_and_clear(int32_t* word) const {

@@ -172,6 +172,7 @@ struct TreeVerifyArgs {
   int32_t num_splits = 1;           // blocks per request (1: one block walks a whole request)
   int32_t* errors = nullptr;        // the device's fault counters (faults.cuh), or nullptr: not counted
   int64_t fault_role = kNoFault;    // tests: the block of this role (b * num_splits + rank) gives up its waits
+  int64_t stamp = 0;                // split plan: this launch's number (faults.cuh, claims), 0: no claims
   int64_t batch_size = 0;
   int32_t max_nodes = 0;   // N, 1 <= N < 2**24 (the RNG position word)
   int32_t vocab_size = 0;  // 1 <= V <= 2**30
@@ -601,6 +602,7 @@ SPECDEC_HOST_DEVICE void tree_verify_block(const Block& block, const TreeVerifyA
     plan.splits = args.num_splits;
     const int64_t num_chunks = (vocab_size + kChunkSize - 1) / kChunkSize;
     plan.chunks_per_split = (num_chunks + plan.splits - 1) / plan.splits;
+    if (args.stamp != 0) begin_request(block, plan, max_nodes, args.stamp);
   }
   walk.replay = replay;
   walk.replayed = 0;

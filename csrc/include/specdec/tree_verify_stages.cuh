@@ -36,10 +36,12 @@ constexpr int64_t kTotalsWord = 2;      // six words: residual, p, q without the
 constexpr int64_t kMaxSplitNodes = 1024;
 constexpr int64_t kMaxSplitRejections = kMaxSplitNodes - 1;
 // The end record: blocks counted out, the most stages a block of the
-// request used, and its failure flag (int32, raised by a wait that gave up).
+// request used, its failure flag (int32, raised by a wait that gave up), and
+// the launch's claim of the records.
 constexpr int64_t kEndedWord = 0;
 constexpr int64_t kStagesUsedWord = 1;
 constexpr int64_t kFailedWord = 2;
+constexpr int64_t kClaimWord = 3;  // the launch's claim of the request's records (faults.cuh)
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE int64_t tree_verify_stage_words(int64_t split_requests, int64_t max_nodes) {
   return kStageWords * split_requests * (max_nodes + 1);
 }
@@ -120,6 +122,24 @@ SPECDEC_HOST_DEVICE PassTotals stage_totals(const Block& block, const int64_t* r
   return {{{words[0], words[1]}, {words[2], words[3]}}, {words[4], words[5]}};
 }
 
+// Split plan, before any block of the request touches its records: they
+// are this launch's, whatever they held (a launch that never ended, a stray
+// write). The first block of the launch zeroes every word of them but the
+// claim; the others wait for it, a running block (a wait that gives up fails
+// the request).
+template <class Block>
+SPECDEC_HOST_DEVICE void begin_request(const Block& block, const SplitPlan& plan, int64_t max_nodes, int64_t stamp) {
+  const int64_t claim_word = max_nodes * kStageWords + kClaimWord;
+  if (block.claim(plan.records + claim_word, stamp)) {
+    for (int64_t word = block.thread(); word < (max_nodes + 1) * kStageWords; word += block.num_threads()) {
+      if (word != claim_word) plan.records[word] = 0;
+    }
+    block.claimed(plan.records + claim_word, stamp);
+  } else if (block.wait_for_claim(plan.records + claim_word, stamp)) {
+    block.raise(plan.fault.failed);
+  }
+}
+
 // Split plan: counts the block out; the request's last block puts the
 // records of the most stages any block used (a block that gave up a wait
 // stopped early, and another may have gone on past it) and the end record
@@ -145,6 +165,7 @@ SPECDEC_HOST_DEVICE bool end_request(const Block& block, const SplitPlan& plan, 
   if (block.thread() == 0) {
     end[kEndedWord] = 0;
     end[kStagesUsedWord] = 0;
+    end[kClaimWord] = 0;
   }
   return failed;
 }
