@@ -33,6 +33,7 @@ FILLS = [-1, 1, 2, 100, 2**31 - 1]
 PLANS = {**CHAIN_PLANS, "split": (False, None, None)}
 NO_FAULTS = dict.fromkeys(_faults.KINDS, 0)
 CASES = [(plan, value) for plan in PLANS for value in FILLS]
+LAYOUTS = ["padded", "packed"]  # chain_verify, chain_verify_packed
 
 
 def fill_workspace(value):
@@ -54,12 +55,28 @@ def zeroed_workspace_after():
     sk.kernel_errors("cpu")  # a failing case may stop before it reads the faults it caused
 
 
-def run_chain(backend, plan, seed):
+def chain_call(plan, layout):
+    """``(layout arguments, options)`` of the plan's case: padded, or the same rows packed (every request has
+    ``DRAFTS`` drafts, so ``[B, K + 1, V]`` rows are already ``[T + B, V]`` in packed order)."""
     logits, top_k, top_p = PLANS[plan]
     ids, target, draft = chain_case(logits)
-    return sk.chain_verify(ids, target, draft, temperature=torch.full((BATCH,), 0.8), logits=logits, seed=seed,
-                           offset=3, top_k=None if top_k is None else torch.tensor(top_k),
-                           top_p=None if top_p is None else torch.tensor(top_p), backend=backend)
+    options = dict(temperature=torch.full((BATCH,), 0.8), logits=logits, offset=3,
+                   top_k=None if top_k is None else torch.tensor(top_k),
+                   top_p=None if top_p is None else torch.tensor(top_p))
+    if layout == "padded":
+        return (ids, target, draft), options
+    drafts = ids.shape[1]
+    cu_num_draft_tokens = torch.arange(BATCH + 1) * drafts
+    return (ids.reshape(-1), cu_num_draft_tokens, target.reshape(-1, target.shape[-1]),
+            draft.reshape(-1, draft.shape[-1])), options
+
+
+def run_chain(backend, plan, seed, layout="padded"):
+    arguments, options = chain_call(plan, layout)
+    if layout == "padded":
+        return sk.chain_verify(*arguments, seed=seed, backend=backend, **options)
+    return sk.chain_verify_packed(*arguments, max_num_draft_tokens=arguments[0].shape[0] // BATCH, seed=seed,
+                                  backend=backend, **options)
 
 
 def run_tree(backend, seed):
@@ -71,18 +88,19 @@ def same(outputs, expected):
     return all(torch.equal(actual, wanted) for actual, wanted in zip(outputs, expected))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(("plan", "value"), CASES)
-def test_a_damaged_chain_workspace_changes_no_output(plan, value):
-    backend = resolve("triton", "chain_verify")
+def test_a_damaged_chain_workspace_changes_no_output(plan, value, layout):
+    backend = resolve("triton", "chain_verify" if layout == "padded" else "chain_verify_packed")
     logits = PLANS[plan][0]
-    expected = run_chain(backend, plan, seed=77)  # on a clean workspace: it also creates the buffers
+    expected = run_chain(backend, plan, 77, layout)  # on a clean workspace: it also creates the buffers
     if not logits:
-        assert same(expected, run_chain("reference", plan, seed=77))
-    next_expected = run_chain("reference" if not logits else backend, plan, seed=78)
+        assert same(expected, run_chain("reference", plan, 77, layout))
+    next_expected = run_chain("reference" if not logits else backend, plan, 78, layout)
     assert fill_workspace(value), "the plan used no workspace"
-    assert same(run_chain(backend, plan, seed=77), expected)  # the launch's claims reset the words first
+    assert same(run_chain(backend, plan, 77, layout), expected)  # the launch's claims reset the words first
     assert sk.kernel_errors("cpu") == NO_FAULTS
-    assert same(run_chain(backend, plan, seed=78), next_expected)
+    assert same(run_chain(backend, plan, 78, layout), next_expected)
     assert sk.kernel_errors("cpu") == NO_FAULTS
 
 
@@ -118,15 +136,16 @@ def test_a_damaged_tree_workspace_changes_no_output(value):
     assert sk.kernel_errors("cpu") == NO_FAULTS
 
 
-def run_chain_on_the_cuda_host(plan, seed):
+def run_chain_on_the_cuda_host(plan, seed, layout):
     """The CUDA launcher on CPU tensors: the extension's block programs on the host, blocks in id order."""
     from specdec_kernels.launchers import chain_verify as chain_launcher
 
-    logits, top_k, top_p = PLANS[plan]
-    ids, target, draft = chain_case(logits)
-    return chain_launcher.cuda_chain_verify(ids, target, draft, None, torch.full((BATCH,), 0.8), logits, None, seed,
-                                            None, 3, top_k=None if top_k is None else torch.tensor(top_k),
-                                            top_p=None if top_p is None else torch.tensor(top_p))
+    arguments, options = chain_call(plan, layout)
+    bundle = (options["temperature"], options["logits"], None, seed, None, options["offset"])
+    sampling = dict(top_k=options["top_k"], top_p=options["top_p"])
+    if layout == "padded":
+        return chain_launcher.cuda_chain_verify(*arguments, None, *bundle, **sampling)
+    return chain_launcher.cuda_chain_verify_packed(*arguments, arguments[0].shape[0] // BATCH, *bundle, **sampling)
 
 
 def run_tree_on_the_cuda_host(seed):
@@ -138,13 +157,14 @@ def run_tree_on_the_cuda_host(seed):
 
 
 @needs_chain_op
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(("plan", "value"), CASES)
-def test_a_damaged_chain_workspace_on_the_cuda_host_path(plan, value):
-    expected, next_expected = (run_chain_on_the_cuda_host(plan, seed) for seed in (77, 78))  # clean workspace
+def test_a_damaged_chain_workspace_on_the_cuda_host_path(plan, value, layout):
+    expected, next_expected = (run_chain_on_the_cuda_host(plan, seed, layout) for seed in (77, 78))  # clean
     assert fill_workspace(value), "the plan used no workspace"
-    assert same(run_chain_on_the_cuda_host(plan, 77), expected)
+    assert same(run_chain_on_the_cuda_host(plan, 77, layout), expected)
     assert sk.kernel_errors("cpu") == NO_FAULTS
-    assert same(run_chain_on_the_cuda_host(plan, 78), next_expected)
+    assert same(run_chain_on_the_cuda_host(plan, 78, layout), next_expected)
     assert sk.kernel_errors("cpu") == NO_FAULTS
 
 
