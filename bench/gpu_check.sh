@@ -177,7 +177,7 @@ limited $(( limit[hazards] + limit[tests] )) "$scratch/warm-up.log" "$python" -m
 warm_up=$!
 parallel_checks=(two_streams logits_busy_gpu stride_overflow small_vocabularies grow_after_capture
                  graphs_out_of_order concurrent_graphs throughput compile_reduce_overhead fuzz forced_give_up
-                 paged_decoding)
+                 damaged_workspace paged_decoding)
 check_pids=()
 for check in "${parallel_checks[@]}"; do
     while [ "$(jobs -pr | wc -l)" -ge "$lanes" ]; do wait -n; done  # the warm-up holds a lane too

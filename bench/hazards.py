@@ -41,8 +41,8 @@ from specdec_kernels.launchers import tree_verify as tree_launchers
 
 CHECKS = {}
 OUTCOMES = {True: "PASS", False: "FAIL", None: "SKIP"}  # a check's ok: None when it cannot run here
-# Buffers every call leaves at zero: counters, failure flags, stage records.
-COUNTER_NAME = re.compile(r"arrival|ticket|counter|failed|stages")
+# Buffers every call leaves at zero: counters, failure flags, claims, stage records.
+COUNTER_NAME = re.compile(r"arrival|ticket|counter|failed|claim|stages")
 DEVICE = "cuda"  # "cpu" under --dry-run
 FUZZ_SECONDS = None  # --fuzz-seconds: the fuzz stops starting cases after this long (per backend)
 
@@ -420,6 +420,36 @@ def forced_give_up(backend):
     again = same(expected, sk.tree_verify(ids, parents, target, draft, seed=2, backend=backend))
     return outcome and counted and clean and again, f"{splits} splits; outcome {outcome}, counted {counted}, " \
                                                     f"clean {clean}, next call {again}"
+
+
+@check
+def damaged_workspace(backend):
+    """Every counter, flag, claim and record word of the stream's workspaces set to 1, a count in range (what a
+    launch that never ended leaves), before a split chain call and a split tree call: on the GPU, with a
+    request's programs running at once, the launches' claims reset the words first, so both calls give the
+    clean calls' bits and count no fault, and the next calls too."""
+    vocab_size = size(128256, 3000)
+    ids, target, draft = problem(2, 4, vocab_size, seed=11)
+    generator = torch.Generator(DEVICE).manual_seed(6)
+    parents = torch.tensor([[-1, 0, 0, 0, 1, 2, 3]] * 2, device=DEVICE)
+    tree_ids = torch.randint(0, vocab_size, (2, 7), generator=generator, device=DEVICE)
+    tree_target = torch.softmax(torch.randn(2, 7, vocab_size, generator=generator, device=DEVICE), -1)
+    tree_draft = torch.softmax(torch.randn(2, 7, vocab_size, generator=generator, device=DEVICE), -1)
+    calls = [lambda: sk.chain_verify(ids, target, draft, seed=3, backend=backend),
+             lambda: sk.tree_verify(tree_ids, parents, tree_target, tree_draft, seed=2, backend=backend)]
+    clean = [call() for call in calls]  # they also create the buffers
+    synchronize()
+    damaged = [buffer for (name, _, device, stream), buffer in _workspace._buffers.items()
+               if COUNTER_NAME.search(name) and device.type == torch.device(DEVICE).type and isinstance(stream, int)]
+    for buffer in damaged:
+        buffer.fill_(1)
+    unchanged = all(same(expected, call()) for expected, call in zip(clean, calls))
+    faults = sum(sk.kernel_errors(DEVICE).values())
+    again = all(same(expected, call()) for expected, call in zip(clean, calls))
+    for buffer in damaged:  # the words no call of this check uses keep the damage
+        buffer.zero_()
+    return unchanged and faults == 0 and again and counters_at_zero(), \
+        f"{len(damaged)} buffers at 1: outputs unchanged {unchanged}, faults {faults}, next calls {again}"
 
 
 @check

@@ -303,16 +303,24 @@ CHAIN_TRIPS = [(1, "num_draft_tokens, temperature, seed"), (1, "draft ids (they 
                (1, "gathers p(t_i), q(t_i) (they need the ids)"),
                (1, "chunk results stored, then the arrival counter (acq_rel)"),
                (1, "last program: every chunk total"), (1, "last program: the chosen chunk's candidate")]
+# A request split over several programs claims its words for the launch first (kernels/stage_records.py, claim).
+CLAIM_TRIPS = [(1, "claim: the claim word (acquire)"), (1, "claim: the claimer's compare-and-swap"),
+               (1, "claim: the claimer's resets released, seen by the others (acquire)")]
+
+
+def chain_trips(splits: int) -> list[tuple[int, str]]:
+    return CLAIM_TRIPS + CHAIN_TRIPS if splits > 1 else CHAIN_TRIPS
 TREE_DEPTH = 6  # accepted levels without rejections: an EAGLE-style 64-node tree (assumed)
 
 
 def tree_trips(depth: int) -> list[tuple[int, str]]:
-    return [(1, "num_nodes, temperature, seed"),
-            (depth, "accepted levels: the next child (parents and ids tile)"),
-            (depth, "accepted levels: the child's gathers p(t), q(t)"), (1, "leaf: its child search finds none"),
-            (1, "take a slice of the sample stage (atomic)"), (1, "publish the slice (release)"),
-            (1, "wait until every slice is published (acquire)"), (1, "first program: every chunk total"),
-            (1, "first program: the chosen candidate"), (1, "end-of-call counter (atomic)")]
+    """The split plan's: a request's programs claim its records first."""
+    return CLAIM_TRIPS + [
+        (1, "num_nodes, temperature, seed"), (depth, "accepted levels: the next child (parents and ids tile)"),
+        (depth, "accepted levels: the child's gathers p(t), q(t)"), (1, "leaf: its child search finds none"),
+        (1, "take a slice of the sample stage (atomic)"), (1, "publish the slice (release)"),
+        (1, "wait until every slice is published (acquire)"), (1, "first program: every chunk total"),
+        (1, "first program: the chosen candidate"), (1, "end-of-call counter (atomic)")]
 
 
 def chain_cases(batch: int, dtype: str, target: str, goal: str, meets, workdir: str, extension) -> list[Case]:
@@ -329,7 +337,7 @@ def chain_cases(batch: int, dtype: str, target: str, goal: str, meets, workdir: 
     rows_bytes = 2 * config.rows * CHUNK_SIZE * size  # the stop row and its draft row, one chunk of each
     cases.append(Case(target, scenario, "triton", name, function, "sampler",
                       _cdiv(batch, config.rows) * config.num_splits, config.chunks_per_split,
-                      config.rows * CHUNK_SIZE, "vocabulary element", required, CHAIN_TRIPS, "dram",
+                      config.rows * CHUNK_SIZE, "vocabulary element", required, chain_trips(config.num_splits), "dram",
                       rows_bytes / function.threads, goal=goal, meets=meets))
     if extension:
         # csrc/chain_verify.cu (plan_chain_verify): about 2 blocks per SM, one request per block, whole chunks.
@@ -340,7 +348,8 @@ def chain_cases(batch: int, dtype: str, target: str, goal: str, meets, workdir: 
         function = cuda_function(extension, "chain_verify", f"chain_verify_kernelI{prob}lLb0E", workdir)
         cases.append(Case(target, scenario, "cuda", sass.demangle(function.name), function, "sampler",
                           batch * _cdiv(chunks, per_split), per_split, CHUNK_SIZE, "vocabulary element", required,
-                          CHAIN_TRIPS, "dram", 2 * CHUNK_SIZE * size / function.threads, goal=goal, meets=meets))
+                          chain_trips(splits), "dram", 2 * CHUNK_SIZE * size / function.threads, goal=goal,
+                          meets=meets))
     return cases
 
 

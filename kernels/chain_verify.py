@@ -285,20 +285,22 @@ def _bonus_ids(bonus_ptr, requests, active, vocab_size, HAS_BONUS: tl.constexpr,
 
 
 @triton.jit
-def _claim_row_block(claim_ptr, stamp, arrivals_ptr, failed_ptr, records, truncating, parameters,
+def _claim_row_block(claim_ptr, stamp, num_splits, arrivals_ptr, failed_ptr, records, truncating, parameters,
                      LOGITS: tl.constexpr, STAGED: tl.constexpr, BLOCK_K1: tl.constexpr):
     """The one-wave plans' claim of the row block's words for the launch: its first program resets the arrival
     count, the failure flag and (staged) the stage records its request will use (zero unless damaged: the last
-    program puts them back too), the others wait for it. Returns whether the wait gave up."""
-    gave_up = stamp < 0  # False, as a value: the branch assigns one
-    if claim(claim_ptr, stamp):
-        tl.atomic_xchg(arrivals_ptr, 0, sem="relaxed")
-        tl.atomic_xchg(failed_ptr, 0, sem="relaxed")
-        if STAGED:
-            clear_request_records(records, truncating, parameters, LOGITS, BLOCK_K1)
-        claimed(claim_ptr, stamp)
-    else:
-        gave_up = wait_for_claim(claim_ptr, stamp)
+    program puts them back too), the others wait for it. One program alone (one slice) has nobody to count with
+    and claims nothing. Returns whether the wait gave up."""
+    gave_up = stamp < 0  # False, as a value: the branches assign one
+    if num_splits > 1:
+        if claim(claim_ptr, stamp):
+            tl.atomic_xchg(arrivals_ptr, 0, sem="relaxed")
+            tl.atomic_xchg(failed_ptr, 0, sem="relaxed")
+            if STAGED:
+                clear_request_records(records, truncating, parameters, LOGITS, BLOCK_K1)
+            claimed(claim_ptr, stamp)
+        else:
+            gave_up = wait_for_claim(claim_ptr, stamp)
     return gave_up
 
 
@@ -378,8 +380,8 @@ def _chain_verify_kernel(
     split = role % num_splits
     failed_ptr += row_block  # the row block's: a wait of any of its programs that gave up fails all its requests
     if not (WALK or STAGED or LOGITS):  # the one-wave plan: the claim first, with the least live
-        claim_gave_up = _claim_row_block(claims_ptr + row_block, stamp, arrivals_ptr + row_block, failed_ptr,
-                                         stages_ptr, None, None, LOGITS, STAGED, BLOCK_K1)
+        claim_gave_up = _claim_row_block(claims_ptr + row_block, stamp, num_splits, arrivals_ptr + row_block,
+                                         failed_ptr, stages_ptr, None, None, LOGITS, STAGED, BLOCK_K1)
     give_up = role == fault_role
     chunk_lo = split * chunks_per_split
     chunk_hi = tl.minimum(chunk_lo + chunks_per_split, num_chunks)
@@ -402,9 +404,9 @@ def _chain_verify_kernel(
                                        HAS_TOP_P, HAS_MIN_P, ROWS)
     truncating = (sampled & any_truncation(parameters)).to(tl.int32)
     if STAGED:  # its reset needs the requests' truncation
-        claim_gave_up = _claim_row_block(claims_ptr + row_block, stamp, arrivals_ptr + row_block, failed_ptr,
-                                         request_records(stages_ptr, row_block, BLOCK_K1), truncating, parameters,
-                                         LOGITS, STAGED, BLOCK_K1)
+        claim_gave_up = _claim_row_block(claims_ptr + row_block, stamp, num_splits, arrivals_ptr + row_block,
+                                         failed_ptr, request_records(stages_ptr, row_block, BLOCK_K1), truncating,
+                                         parameters, LOGITS, STAGED, BLOCK_K1)
     if not WALK:
         if claim_gave_up | ticket_damaged:
             tl.atomic_add(failed_ptr, 1, sem="relaxed")
@@ -531,7 +533,8 @@ def _chain_verify_kernel(
                 tl.debug_barrier()
                 tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
                 if STAGED or not LOGITS:
-                    tl.atomic_xchg(claims_ptr + row_block, 0, sem="relaxed")  # every program of it claimed
+                    if num_splits > 1:  # every program of the row block claimed
+                        tl.atomic_xchg(claims_ptr + row_block, 0, sem="relaxed")
                 # Every wait of the row block is over: a give-up fails its requests.
                 failed = count_give_ups(failed_ptr, errors_ptr + CHAIN_WAIT_GAVE_UP)
                 if STAGED:

@@ -258,7 +258,7 @@ struct DeviceBlock {
       const Word before = atomic_add_acq_rel(counter, Word{1});
       const bool damaged = arrival_out_of_range(before, expected);
       if (damaged) {
-        atomicOr(failed, 1);  // raise(): +1 would take a damaged -1 down to "no fault"
+        raise_flag(failed);
         atomic_add(counter, wrapping_negative(before));
       }
       shared->broadcast = !damaged && before == expected - 1;
@@ -268,8 +268,10 @@ struct DeviceBlock {
   }
 
   __device__ __forceinline__ void raise(int32_t* flag) const {
-    if (thread() == 0) atomicOr(flag, 1);
+    if (thread() == 0) raise_flag(flag);
   }
+  // Bit 0: +1 would take a damaged -1 down to "no fault".
+  __device__ __forceinline__ static void raise_flag(int32_t* flag) { atomicOr(flag, 1); }
 
   __device__ __forceinline__ void reset(int32_t* counter) const {
     if (thread() == 0) atomicExch(counter, 0);

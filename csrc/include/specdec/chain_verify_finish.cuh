@@ -261,12 +261,18 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE WaitFault chain_wait_fault(int32_t* arri
   return {arrivals + kChainFailedAfterArrivals, give_up};
 }
 
-// The request's last block, after every wait of it: whether one gave up (counted in args.errors).
+// The request's last block, after every wait of it: if one gave up, or an
+// arrival count was damaged (counted in args.errors), writes the failure
+// outcome and returns true.
 template <class Block>
-SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool chain_request_failed(const Block& block, const ChainVerifyArgs& args,
-                                                                  int32_t* arrivals) {
-  return count_give_ups(block, arrivals + kChainFailedAfterArrivals,
-                        args.errors == nullptr ? nullptr : args.errors + kChainWaitGaveUp);
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool wrote_failure_outcome(const Block& block, const ChainVerifyArgs& args,
+                                                                   int64_t b, int32_t* arrivals, int32_t* output_row) {
+  if (!count_give_ups(block, arrivals + kChainFailedAfterArrivals,
+                      args.errors == nullptr ? nullptr : args.errors + kChainWaitGaveUp)) {
+    return false;
+  }
+  write_failure(block, args.max_drafts, output_row, args.num_accepted + b);
+  return true;
 }
 
 // Request b's stage records in the staged plan.
@@ -392,10 +398,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     }
     if (!block.arrive_last(arrivals, arrivals_per_call, arrivals + kChainFailedAfterArrivals)) return;
     release_request(block, args, b, arrivals, num_splits);
-    if (chain_request_failed(block, args, arrivals)) {  // a damaged arrival count
-      write_failure(block, max_drafts, output_row, args.num_accepted + b);
-      return;
-    }
+    if (wrote_failure_outcome(block, args, b, arrivals, output_row)) return;  // a damaged arrival count
     write_outputs(block, request, max_drafts, finish_greedy(block, request, args.logits, stat_slots, num_splits),
                   output_row, args.num_accepted + b);
     return;
@@ -451,10 +454,7 @@ SPECDEC_HOST_DEVICE void chain_verify_block(const Block& block, const ChainVerif
     }
   }
   // Every wait of the request is over: one that gave up, or a damaged arrival count, decides the outcome.
-  if (chain_request_failed(block, args, arrivals)) {
-    write_failure(block, max_drafts, output_row, args.num_accepted + b);
-    return;
-  }
+  if (wrote_failure_outcome(block, args, b, arrivals, output_row)) return;
   const int64_t token = takes_bonus ? request.bonus_token
                                     : finish_sampled(block, chunk_slots, plan.num_chunks, subtract, key, row.position);
   write_outputs(block, request, max_drafts, {stop, token}, output_row, args.num_accepted + b);
