@@ -266,13 +266,33 @@ struct Row {
   template <int kCount>
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void span(int64_t first, int64_t vocab_size, bool logits,
                                                     float temperature, float (&out)[kCount]) const {
+    stored_span(first, vocab_size, out);
+    process_span(first, vocab_size, logits, temperature, out);
+  }
+
+  // span's two halves. The sampler issues the loads a chunk ahead and
+  // processes them only when it weighs them: a value computed from a load as
+  // soon as it is issued makes the load wait there.
+  template <int kCount>
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void stored_span(int64_t first, int64_t vocab_size,
+                                                           float (&out)[kCount]) const {
     if (input == nullptr) {
       load_span(normalised, first, vocab_size, out);
-      return;
+    } else {
+      load_span(input, first, vocab_size, out);
     }
-    load_probability_span(input, first, vocab_size, logits, stats, temperature, out);
+  }
+
+  template <int kCount>
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void process_span(int64_t first, int64_t vocab_size, bool logits,
+                                                            float temperature, float (&out)[kCount]) const {
+    if (input == nullptr) return;  // a normalised row holds probabilities already
     SPECDEC_UNROLL
-    for (int j = 0; j < kCount; ++j) out[j] = truncated_probability(out[j], truncation);
+    for (int j = 0; j < kCount; ++j) {
+      float probability = out[j];
+      if (logits) probability = first + j < vocab_size ? softmax_prob(out[j], stats, temperature) : 0.0f;
+      out[j] = truncated_probability(probability, truncation);
+    }
   }
 };
 
@@ -385,34 +405,37 @@ struct CurrentTargetRow {
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load(int64_t first, int64_t vocab_size, float (&p)[kPerThread],
                                                     float (&q)[kPerThread]) const {
     static_assert(kWays == 1, "the tree samples its current p alone");
-    walk.target.span(first, vocab_size, walk.logits, walk.temperature, p);
-    if (walk.rejected() && walk.has_draft) walk.draft.span(first, vocab_size, false, walk.temperature, q);
+    walk.target.stored_span(first, vocab_size, p);
+    if (reads_draft()) walk.draft.stored_span(first, vocab_size, q);
   }
 
   template <int kWays, int kPerThread>
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t, const float (&p)[kPerThread],
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t vocab_size, const float (&p)[kPerThread],
                                                      const float (&q)[kPerThread],
                                                      uint64_t (&weights)[kWays][kPerThread]) const {
+    float target_probs[kPerThread], draft_probs[kPerThread];
+    SPECDEC_UNROLL
+    for (int j = 0; j < kPerThread; ++j) {
+      target_probs[j] = p[j];
+      draft_probs[j] = q[j];
+    }
+    walk.target.process_span(first, vocab_size, walk.logits, walk.temperature, target_probs);
+    if (reads_draft()) walk.draft.process_span(first, vocab_size, false, walk.temperature, draft_probs);
     if constexpr (kSplit) {
-      float target_probs[kPerThread], draft_probs[kPerThread];
-      SPECDEC_UNROLL
-      for (int j = 0; j < kPerThread; ++j) {
-        target_probs[j] = p[j];
-        draft_probs[j] = q[j];
-      }
       walk.apply_rejections(first, target_probs, draft_probs);
       SPECDEC_UNROLL
       for (int j = 0; j < kPerThread; ++j) weights[0][j] = fixed_point_weight(target_probs[j]);
     } else {
       SPECDEC_UNROLL
       for (int j = 0; j < kPerThread; ++j) {
-        float target_prob = p[j];
-        float draft_prob = q[j];
-        if (walk.pending.token >= 0) walk.apply_pending(first + j, target_prob, draft_prob);
-        weights[0][j] = fixed_point_weight(target_prob);
+        if (walk.pending.token >= 0) walk.apply_pending(first + j, target_probs[j], draft_probs[j]);
+        weights[0][j] = fixed_point_weight(target_probs[j]);
       }
     }
   }
+
+  // The draft row is read only after a rejection at the node (its q enters the residual).
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool reads_draft() const { return walk.rejected() && walk.has_draft; }
 };
 
 // One pass over entries [lo, hi) of the current rows (lo a multiple of
