@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "specdec/block.cuh"
 #include "specdec/common.cuh"
@@ -99,6 +100,54 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_span(const Prob* values, int64
   for (int j = 0; j < kPerThread; ++j) out[j] = first + j < vocab_size ? to_float(values[first + j]) : 0.0f;
 }
 
+// kPerThread values of a row as stored, in whole 32-bit words: what
+// sample_slice keeps in registers from a chunk's load, issued a chunk ahead,
+// to its weighing. Nothing reads them before: an instruction that reads a
+// load's register waits there for the load, and unpacking bf16/fp16 values
+// as they arrived made the chunk-ahead loads wait where they were issued.
+template <class Prob, int kPerThread>
+struct StoredSpan {
+  static_assert(sizeof(Prob) * kPerThread % 4 == 0, "a span of whole 32-bit words");
+  uint32_t words[sizeof(Prob) * kPerThread / 4];
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float at(int j) const {
+    Prob value;
+    memcpy(&value, reinterpret_cast<const unsigned char*>(words) + j * sizeof(Prob), sizeof(Prob));
+    return to_float(value);
+  }
+};
+
+// values[first, first + kPerThread) as stored, zero past the vocabulary: one
+// vector load on the GPU where load_span makes one.
+template <int kPerThread, class Prob>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_stored_span(const Prob* values, int64_t first, int64_t vocab_size,
+                                                              StoredSpan<Prob, kPerThread>& out) {
+#if defined(__CUDA_ARCH__)
+  constexpr int kBytes = static_cast<int>(sizeof(out.words));
+  struct alignas(kBytes) Words {
+    uint32_t word[kBytes / 4];
+  };
+  if (first + kPerThread <= vocab_size && reinterpret_cast<uintptr_t>(values + first) % kBytes == 0) {
+    const Words loaded = *reinterpret_cast<const Words*>(values + first);
+    SPECDEC_UNROLL
+    for (int i = 0; i < kBytes / 4; ++i) out.words[i] = loaded.word[i];
+    return;
+  }
+#endif
+  Prob scalar[kPerThread];
+  SPECDEC_UNROLL
+  for (int j = 0; j < kPerThread; ++j) scalar[j] = first + j < vocab_size ? values[first + j] : Prob{};
+  memcpy(out.words, scalar, sizeof(scalar));
+}
+
+// kPerThread values already floats (a row type that converts as it loads).
+template <int kPerThread>
+struct FloatSpan {
+  float values[kPerThread];
+
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float at(int j) const { return values[j]; }
+};
+
 // An input row's probabilities [first, first + kPerThread), 0 past the
 // vocabulary: the values themselves, or softmax(x / T) from the row's
 // statistics with logits.
@@ -119,10 +168,14 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_probability_span(const Prob* v
 // row type of its own).
 //
 // sample_slice reads a row through two calls per span of kPerThread entries,
-// which any row type provides: `load` fetches the raw values (issued a chunk
-// ahead of their use) and `weigh` turns them into the kWays weight vectors.
+// which any row type provides: `load` fetches the values into its
+// `Stored<kPerThread>` (issued a chunk ahead of their use) and `weigh` turns
+// them into the kWays weight vectors.
 template <class Prob>
 struct SampleRow {
+  template <int kPerThread>
+  using Stored = StoredSpan<Prob, kPerThread>;
+
   const Prob* target;
   const Prob* draft;   // the rejected token's draft row, or nullptr (a deterministic proposal, or nothing to subtract)
   int64_t stop_token;  // the rejected id of a deterministic proposal (subtract its point mass), else -1
@@ -133,24 +186,24 @@ struct SampleRow {
   Truncation target_truncation;            // of the target row (top-k/top-p/min-p), off when zeroed
 
   template <int kWays, int kPerThread>
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load(int64_t first, int64_t vocab_size, float (&p)[kPerThread],
-                                                    float (&q)[kPerThread]) const {
-    load_span(target, first, vocab_size, p);
-    if (kWays == 2 && draft != nullptr) load_span(draft, first, vocab_size, q);
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load(int64_t first, int64_t vocab_size, Stored<kPerThread>& p,
+                                                    Stored<kPerThread>& q) const {
+    load_stored_span(target, first, vocab_size, p);
+    if (kWays == 2 && draft != nullptr) load_stored_span(draft, first, vocab_size, q);
   }
 
   template <int kWays, int kPerThread>
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t vocab_size, const float (&p)[kPerThread],
-                                                     const float (&q)[kPerThread],
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t vocab_size, const Stored<kPerThread>& p,
+                                                     const Stored<kPerThread>& q,
                                                      uint64_t (&weights)[kWays][kPerThread]) const {
     SPECDEC_UNROLL
     for (int j = 0; j < kPerThread; ++j) {
       const bool inside = first + j < vocab_size;
-      float target_prob = p[j];
-      if (logits) target_prob = inside ? softmax_prob(p[j], target_stats, temperature) : 0.0f;
+      float target_prob = p.at(j);
+      if (logits) target_prob = inside ? softmax_prob(target_prob, target_stats, temperature) : 0.0f;
       target_prob = truncated_probability(target_prob, target_truncation);
       if (kWays == 2) {
-        float draft_prob = q[j];
+        float draft_prob = q.at(j);
         if (draft == nullptr) draft_prob = first + j == stop_token ? 1.0f : 0.0f;
         // fixed_point_weight maps p - q <= 0 (and NaN) to 0: max(0, p - q).
         weights[0][j] = fixed_point_weight(fsub_rn(target_prob, draft_prob));
@@ -180,18 +233,14 @@ SPECDEC_HOST_DEVICE void sample_slice(const Block& block, const Row& row, const 
     // The next chunk's span is loaded before this chunk's scan and its
     // barriers, so two loads per thread are in flight instead of one.
     const int64_t thread_offset = static_cast<int64_t>(block.thread()) * kPerThread;
-    float next_p[kPerThread];
-    float next_q[kPerThread] = {};
+    using Stored = typename Row::template Stored<kPerThread>;
+    Stored next_p;
+    Stored next_q{};
     row.template load<kWays>(group * kChunkSize + thread_offset, vocab_size, next_p, next_q);
     for (int64_t chunk = group; chunk < group_end; ++chunk) {
       const int64_t first = chunk * kChunkSize + thread_offset;
-      float p[kPerThread];
-      float q[kPerThread];
-      SPECDEC_UNROLL
-      for (int j = 0; j < kPerThread; ++j) {
-        p[j] = next_p[j];
-        q[j] = next_q[j];
-      }
+      const Stored p = next_p;
+      const Stored q = next_q;
       if (chunk + 1 < group_end) row.template load<kWays>(first + kChunkSize, vocab_size, next_p, next_q);
       uint64_t weights[kWays][kPerThread];
       row.template weigh<kWays>(first, vocab_size, p, q, weights);

@@ -398,26 +398,28 @@ struct Walk {
 // reference, so the token's bits are the reference's.
 template <class Prob, bool kSplit>
 struct CurrentTargetRow {
+  template <int kPerThread>
+  using Stored = FloatSpan<kPerThread>;  // an input row's values converted, or a normalised row's
   Walk<Prob, kSplit> walk;
   uint32_t position;  // the final node
 
   template <int kWays, int kPerThread>
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load(int64_t first, int64_t vocab_size, float (&p)[kPerThread],
-                                                    float (&q)[kPerThread]) const {
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load(int64_t first, int64_t vocab_size, FloatSpan<kPerThread>& p,
+                                                    FloatSpan<kPerThread>& q) const {
     static_assert(kWays == 1, "the tree samples its current p alone");
-    walk.target.stored_span(first, vocab_size, p);
-    if (reads_draft()) walk.draft.stored_span(first, vocab_size, q);
+    walk.target.stored_span(first, vocab_size, p.values);
+    if (reads_draft()) walk.draft.stored_span(first, vocab_size, q.values);
   }
 
   template <int kWays, int kPerThread>
-  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t vocab_size, const float (&p)[kPerThread],
-                                                     const float (&q)[kPerThread],
+  SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void weigh(int64_t first, int64_t vocab_size, const FloatSpan<kPerThread>& p,
+                                                     const FloatSpan<kPerThread>& q,
                                                      uint64_t (&weights)[kWays][kPerThread]) const {
     float target_probs[kPerThread], draft_probs[kPerThread];
     SPECDEC_UNROLL
     for (int j = 0; j < kPerThread; ++j) {
-      target_probs[j] = p[j];
-      draft_probs[j] = q[j];
+      target_probs[j] = p.values[j];
+      draft_probs[j] = q.values[j];
     }
     walk.target.process_span(first, vocab_size, walk.logits, walk.temperature, target_probs);
     if (reads_draft()) walk.draft.process_span(first, vocab_size, false, walk.temperature, draft_probs);
