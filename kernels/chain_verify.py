@@ -529,7 +529,7 @@ def _chain_verify_kernel(
             # The last program of the row block chooses and writes the outputs;
             # it puts the block's counters back to zero for the next call.
             tl.debug_barrier()
-            if arrive(arrivals_ptr + row_block, num_splits, failed_ptr):
+            if arrive(arrivals_ptr + row_block, num_splits, failed_ptr, True):
                 tl.debug_barrier()
                 tl.atomic_add(arrivals_ptr + row_block, -num_splits, sem="relaxed")
                 if STAGED or not LOGITS:
@@ -558,6 +558,7 @@ def _chain_verify_kernel(
             # The last program to end puts the launch's words back to zero, and its claim. The row blocks'
             # outcomes are written by now: a damaged end count is counted as a fault directly.
             num_programs = tl.num_programs(0)
-            if arrive(tickets_ptr + END_WORD, num_programs, errors_ptr + CHAIN_WAIT_GAVE_UP):
+            errors = errors_ptr + CHAIN_WAIT_GAVE_UP
+            if arrive(tickets_ptr + END_WORD, num_programs, errors, False):
                 _reset_launch(tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, failed_ptr - row_block, num_row_blocks)
                 tl.atomic_xchg(tickets_ptr + LAUNCH_CLAIM_WORD, 0, sem="relaxed")

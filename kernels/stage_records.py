@@ -79,15 +79,19 @@ def wait_for(counter_ptr, expected, failed_ptr, give_up):
 
 
 @triton.jit
-def arrive(counter_ptr, expected, fault_ptr):
+def arrive(counter_ptr, expected, fault_ptr, FLAG: tl.constexpr):
     """Count this program in at ``*counter_ptr`` (acquire-release); returns whether it is the last of
     ``expected``. A count no launch makes (negative, or ``expected`` or more: damaged words) is a fault: the
-    program adds one at ``fault_ptr`` (the request's failure flag, so that its last program writes the failure
-    outcome and counts the fault; or a word of the fault counters) and takes the damage back out (subtracts
-    what it saw, so the programs after it count from one)."""
+    program raises ``*fault_ptr`` (with ``FLAG``, the request's failure flag, so that its last program writes
+    the failure outcome and counts the fault: bit 0 is set, as adding one would take a damaged -1 back to "no
+    fault"; else a word of the fault counters, which counts one) and takes the damage back out (subtracts what it
+    saw, so the programs after it count from one; the damaged arrival is the first)."""
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     damaged = (arrived < 0) | (arrived >= expected)
-    tl.atomic_add(fault_ptr, 1, mask=damaged, sem="relaxed")
+    if FLAG:
+        tl.atomic_or(fault_ptr, 1, mask=damaged, sem="relaxed")
+    else:
+        tl.atomic_add(fault_ptr, 1, mask=damaged, sem="relaxed")
     tl.atomic_add(counter_ptr, -arrived, mask=damaged, sem="relaxed")
     return tl.where(damaged, 0, arrived) == expected - 1
 

@@ -207,7 +207,7 @@ def end_request(history, tree_size, splits, errors_ptr):
     end = end_record(history, tree_size)
     tl.debug_barrier()  # every read of the records done before the arrival
     failed = tl.program_id(0) < 0
-    if arrive(end + ENDED_WORD, splits, end + FAILED_WORD):
+    if arrive(end + ENDED_WORD, splits, end + FAILED_WORD, True):
         failed = count_give_ups(end + FAILED_WORD, errors_ptr)
         _zero_records(history, end, False)  # every record, not only those the programs used
     return failed

@@ -558,6 +558,17 @@ def test_rejects_bad_arguments(change, error, message):
 
 
 @needs_op
+@pytest.mark.parametrize("stamp", [0, 5, 2**61])
+def test_claims_need_a_launch_stamp(stamp):
+    """A stamp a damaged word could hold (0, a small count) would read as this launch's claim."""
+    arguments = (torch.zeros(2, 2, dtype=torch.int64), torch.full((2, 3, 5), 0.2), None, None, None, False, None, 0,
+                 None, 0, torch.zeros(100, dtype=torch.int64), torch.zeros(5, dtype=torch.int32),
+                 torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"`stamp` must be in \[2\*\*40, 2\*\*61\)"):
+        torch.ops.specdec_C.chain_verify(*arguments, claims=torch.zeros(2, dtype=torch.int64), stamp=stamp)
+
+
+@needs_op
 def test_opcheck():
     """Schema (mutated arguments), Meta kernel and dispatcher registration agree."""
     case = make_case(3, 2, 40, seed=2)

@@ -6,8 +6,10 @@ a workspace are filled with a value before a call: -1, 1, 2, 100 and
 could leave). The kernels claim their words for the launch before they use
 them (the first program of a launch resets them), so:
 
-* the call writes the reference's outputs and counts no fault; nothing is
-  read or written outside the buffers (before claims, -1 and 100 made the
+* the call writes the reference's outputs and counts no fault (a request
+  split over several programs; one of a single program claims nothing, and
+  gets the failure outcome with the fault counted); nothing is read or
+  written outside the buffers (before claims, -1 and 100 made the
   Triton kernels write out of bounds and left uninitialised tokens, and 1 or
   2 could elect a request's last program early);
 * the next call, with another seed, is bit-equal to the reference
@@ -114,6 +116,37 @@ def test_a_launch_that_never_ended_leaves_nothing_behind():
         if name == "chain_verify.claims" and device.type == "cpu" and stream == 0:
             buffer.fill_(2 * _workspace.launch_stamp() + 1)  # an earlier launch's, reset and counting
     assert same(run_chain(backend, "split", seed=77), expected)
+    assert sk.kernel_errors("cpu") == NO_FAULTS
+
+
+def unsplit_call(backend, seed):
+    """B=3, K=3, V=1000 probabilities: one chunk, so each request is one program, which claims nothing."""
+    generator = torch.Generator().manual_seed(13)
+    target = torch.softmax(torch.randn(BATCH, 4, 1000, generator=generator) * 2, -1)
+    draft = torch.softmax(torch.randn(BATCH, 3, 1000, generator=generator), -1)
+    ids = torch.multinomial(draft.view(-1, 1000), 1, generator=generator).view(BATCH, 3)
+    if backend == "cuda-host":
+        from specdec_kernels.launchers import chain_verify as chain_launcher
+
+        return chain_launcher.cuda_chain_verify(ids, target, draft, None, None, False, None, seed, None, 3)
+    return sk.chain_verify(ids, target, draft, seed=seed, offset=3, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["triton", pytest.param("cuda-host", marks=needs_chain_op)])
+@pytest.mark.parametrize("value", FILLS)
+def test_a_damaged_unsplit_request_fails_and_the_next_call_is_clean(backend, value):
+    """A request of one program has nobody to count with and claims nothing (large batches would pay the claim's
+    round trips for nothing): a damaged arrival count or flag gives it the failure outcome, the fault counted,
+    and the call after it is the reference's. (Before, the CUDA block took a damaged count for not its last
+    arrival and wrote nothing.)"""
+    backend = resolve(backend, "chain_verify")
+    expected = unsplit_call("reference", 78)
+    assert same(unsplit_call(backend, 77), unsplit_call("reference", 77))  # it also creates the buffers
+    assert fill_workspace(value), "the call used no workspace"
+    tokens, num_accepted = unsplit_call(backend, 77)
+    assert (tokens == -1).all() and (num_accepted == 0).all(), (tokens, num_accepted)
+    assert sum(sk.kernel_errors("cpu").values()) > 0
+    assert same(unsplit_call(backend, 78), expected)
     assert sk.kernel_errors("cpu") == NO_FAULTS
 
 

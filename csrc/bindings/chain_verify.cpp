@@ -145,6 +145,7 @@ ChainShapes check_chain_verify_args(const ChainVerifyTensors& t, const char* op)
                       "specdec_C::", op, ": `claims` must be a contiguous [N] tensor with N >= B = ", batch_size,
                       ", got ", t.claims->sizes());
     check_same_device(*t.claims, op, "claims", t.target, "target");
+    check_launch_stamp(t.stamp, op);
   }
   if (t.stages.has_value()) {
     check_dtype(*t.stages, op, "stages", at::kLong);

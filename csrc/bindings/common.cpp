@@ -52,6 +52,11 @@ void check_batch_vector(const std::optional<at::Tensor>& tensor, const char* op,
   check_same_device(*tensor, op, name, target, "target");
 }
 
+void check_launch_stamp(int64_t stamp, const char* op) {
+  TORCH_CHECK_VALUE(stamp >= (int64_t{1} << 40) && stamp < (int64_t{1} << 61), "specdec_C::", op,
+                    ": `stamp` must be in [2**40, 2**61) (a number drawn per launch), got ", stamp);
+}
+
 void check_fault_counters(const std::optional<at::Tensor>& errors, const char* op, const at::Tensor& target) {
   if (!errors.has_value()) return;
   check_dtype(*errors, op, "errors", at::kInt);

@@ -64,6 +64,8 @@ void check_batch_vector(const std::optional<at::Tensor>& tensor, const char* op,
 // The device's fault counters (include/specdec/faults.cuh), when given:
 // a contiguous int32 [>= kFaultKinds] tensor on the device of `target`.
 void check_fault_counters(const std::optional<at::Tensor>& errors, const char* op, const at::Tensor& target);
+// A launch stamp (faults.cuh, claims) in [2**40, 2**61): a smaller one could read as a count a word holds.
+void check_launch_stamp(int64_t stamp, const char* op);
 int32_t* fault_counters(const std::optional<at::Tensor>& errors);
 
 // seed int64 [B] and offset int64 [] or [B] of a verification op, when given.

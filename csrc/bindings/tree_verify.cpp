@@ -93,6 +93,7 @@ void check_tree_verify_args(const TreeVerifyTensors& t) {
                       "16 * B * (N + 1) = ", stage_words, ", got ", t.stages->sizes());
     check_same_device(*t.stages, op, "stages", t.target, "target");
   }
+  if (t.stamp != 0) check_launch_stamp(t.stamp, op);
   check_fault_counters(t.errors, op, t.target);
   check_token_rows(t.accepted_nodes, op, "accepted_nodes", "[B, N]", batch_size, max_nodes, t.target);
   check_token_rows(t.output_token_ids, op, "output_token_ids", "[B, N]", batch_size, max_nodes, t.target);

@@ -261,7 +261,9 @@ struct DeviceBlock {
         raise_flag(failed);
         atomic_add(counter, wrapping_negative(before));
       }
-      shared->broadcast = !damaged && before == expected - 1;
+      // A damaged count is this arrival's first (as on Triton): the only block of a one-block request is
+      // still its last, and writes the failure outcome.
+      shared->broadcast = (damaged ? Word{0} : before) == expected - 1;
     }
     __syncthreads();
     return shared->broadcast != 0;

@@ -192,7 +192,7 @@ struct SimtHostBlock {
       const bool damaged = arrival_out_of_range(before, expected);
       *counter = damaged ? Word{1} : before + 1;
       if (damaged) *failed |= 1;
-      return static_cast<int32_t>(!damaged && before == expected - 1);
+      return static_cast<int32_t>((damaged ? Word{0} : before) == expected - 1);
     }) != 0;
   }
 
