@@ -61,6 +61,22 @@ CHAIN_VERIFY_SAMPLING_SHAPES = (
 )
 
 
+# The same fields, compiled with ``logprobs`` (the kind, then whether with every sampling parameter): one case
+# per plan (the one-wave slices, the two waves, the walk of logits and of truncated rows, the staged plan), at
+# the most rows per program and the widest staged search.
+CHAIN_VERIFY_LOGPROBS_SHAPES = (
+    ((1, 4, 128256, "fp32", True, False, False, False), "processed", False),
+    ((64, 4, 128256, "bf16", True, True, True, False), "raw", False),
+    ((512, 4, 128256, "bf16", True, True, True, True), "raw", False),
+    ((1024, 8, 16, "bf16", True, True, False, False), "raw", False),
+    ((8, 7, 151936, "bf16", False, True, False, False), "raw", True),
+    ((2, 15, 32000, "fp16", True, False, True, False), "processed", True),
+    ((512, 4, 128256, "bf16", True, True, False, False), "processed", True),
+    ((512, 4, 128256, "bf16", True, True, True, True), "raw", True),
+    ((256, 3, 8, "fp32", False, False, False, False), "processed", True),
+)
+
+
 # (batch, tree size, vocabulary, dtype, draft given, draft sampling, logits,
 # per-request seeds): the EAGLE range, the largest tree (N = 1024, one node
 # tile) and vocabularies below one chunk (V = 1000: a one-chunk tile of 1024,
@@ -80,6 +96,15 @@ TREE_VERIFY_SHAPES = (
 TREE_VERIFY_SAMPLING_SHAPES = (
     (8, 64, 128256, "fp32", True, "without_replacement", False, False),
     (64, 32, 32000, "bf16", False, "without_replacement", True, True),
+)
+
+# The same fields with ``logprobs`` (the kind, then whether with every sampling parameter): both plans (split
+# and one program), raw and processed, probabilities and logits.
+TREE_VERIFY_LOGPROBS_SHAPES = (
+    ((8, 64, 128256, "fp32", True, "without_replacement", False, False), "processed", True),
+    ((64, 32, 32000, "bf16", False, "without_replacement", True, True), "raw", True),
+    ((128, 64, 128256, "bf16", True, "without_replacement", True, False), "raw", False),
+    ((256, 8, 1000, "fp16", True, "without_replacement", True, False), "processed", False),
 )
 
 # Kernel arguments of the sampling parameters, after ``temperature_ptr``.
@@ -198,22 +223,25 @@ def _jit_divisibility(signature: dict, values: dict, kernel) -> dict:
 
 def chain_verify_variants():
     """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's configurations."""
+    from specdec_kernels.launchers._options import LOGPROBS_FLAGS
     from specdec_kernels.launchers.chain_verify import GPU_LIMITS, chain_plan
 
     from .chain_verify import _chain_verify_kernel
 
     variants = []
-    shapes = [(shape, False) for shape in CHAIN_VERIFY_SHAPES] + [(shape, True) for shape in CHAIN_VERIFY_SAMPLING_SHAPES]
-    for (batch, drafts, vocab, dtype, draft, logits, per_request, packed), sampling in shapes:
+    shapes = ([(shape, None, False) for shape in CHAIN_VERIFY_SHAPES]
+              + [(shape, None, True) for shape in CHAIN_VERIFY_SAMPLING_SHAPES] + list(CHAIN_VERIFY_LOGPROBS_SHAPES))
+    for (batch, drafts, vocab, dtype, draft, logits, per_request, packed), logprobs, sampling in shapes:
         # The launcher's plan rule (sampling: truncation, staged where rows split, else the walk).
-        plan = chain_plan(batch, drafts + 1, vocab, H200_MULTIPROCESSORS, GPU_LIMITS, logits, sampling)
+        plan = chain_plan(batch, drafts + 1, vocab, H200_MULTIPROCESSORS, GPU_LIMITS, logits, sampling,
+                          logprobs is not None)
         config, staged = plan.config, plan.staged
         signature = {
             "draft_ids_ptr": "*i64", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",
             "num_drafts_ptr": "*i32", "cu_ptr": "*i64", "temperature_ptr": "*fp32",
             "seed_ptr": "*i64", "seed_low": "i32", "seed_high": "i32",
             "offset_ptr": "*i64", "offset_low": "i32", "offset_high": "i32",
-            "output_ptr": "*i32", "num_accepted_ptr": "*i32",
+            "output_ptr": "*i32", "num_accepted_ptr": "*i32", "logprobs_ptr": "*fp32",
             "chunk_total_ptr": "*i64", "chunk_pick_ptr": "*i32", "stat_max_ptr": "*fp32", "stat_arg_ptr": "*i32",
             "stat_sum_ptr": "*fp32",
             "tickets_ptr": "*i64", "wave1_arrivals_ptr": "*i32", "arrivals_ptr": "*i32",
@@ -230,7 +258,7 @@ def chain_verify_variants():
             "LOGITS": logits,
             "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True, "OFFSET_PER_REQUEST": per_request,
             "WALK": plan.walk, "STAGED": staged,
-            **_sampling_constexprs(sampling, config.search_block),
+            **_sampling_constexprs(sampling, config.search_block), "LOGPROBS": LOGPROBS_FLAGS[logprobs],
             "ROWS": config.rows, "BLOCK_K1": config.block_k1,
             "BLOCK_V": config.block_v, "SPLIT_TILE": config.split_tile, "CHUNK_TILE": config.chunk_tile,
         }
@@ -239,7 +267,8 @@ def chain_verify_variants():
         mode = ("logits walk" if constexprs["WALK"] else "logits waves") if logits else "probs"
         mode = f"{mode.split()[0]} staged" if staged else mode
         name = (f"chain_verify{'_packed' if packed else ''} B={batch} K={drafts} V={vocab} {dtype} {mode}"
-                f"{'' if draft else ' one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''} rows={config.rows}")
+                f"{'' if draft else ' one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''}"
+                f"{f' logprobs={logprobs}' if logprobs else ''} rows={config.rows}")
         options = plan.options
         # Contiguous inputs: the strides and sizes the launcher passes for these
         # shapes (packed rows: both strides are the row stride).
@@ -420,13 +449,15 @@ def fault_counters_variants():
 
 def tree_verify_variants():
     """``(name, kernel, signature, constexprs, options, attrs)`` for the launcher's tree_verify configurations."""
+    from specdec_kernels.launchers._options import LOGPROBS_FLAGS
     from specdec_kernels.launchers.tree_verify import launch_config, launch_options, scratch_rows
 
     from .tree_verify import _tree_verify_kernel
 
     variants = []
-    shapes = [(shape, False) for shape in TREE_VERIFY_SHAPES] + [(shape, True) for shape in TREE_VERIFY_SAMPLING_SHAPES]
-    for (batch, tree_size, vocab, dtype, draft, draft_sampling, logits, per_request), sampling in shapes:
+    shapes = ([(shape, None, False) for shape in TREE_VERIFY_SHAPES]
+              + [(shape, None, True) for shape in TREE_VERIFY_SAMPLING_SHAPES] + list(TREE_VERIFY_LOGPROBS_SHAPES))
+    for (batch, tree_size, vocab, dtype, draft, draft_sampling, logits, per_request), logprobs, sampling in shapes:
         config = launch_config(batch, tree_size, vocab, multiprocessors=H200_MULTIPROCESSORS)
         rows = scratch_rows(draft, draft_sampling)
         signature = {
@@ -434,7 +465,7 @@ def tree_verify_variants():
             "num_nodes_ptr": "*i32", "temperature_ptr": "*fp32",
             "seed_ptr": "*i64", "seed_low": "i32", "seed_high": "i32",
             "offset_ptr": "*i64", "offset_low": "i32", "offset_high": "i32",
-            "accepted_ptr": "*i32", "output_ptr": "*i32", "num_accepted_ptr": "*i32",
+            "accepted_ptr": "*i32", "output_ptr": "*i32", "num_accepted_ptr": "*i32", "logprobs_ptr": "*fp32",
             "scratch_ptr": "*fp32", "chunk_total_ptr": "*i64", "chunk_pick_ptr": "*i32",
             "stages_ptr": "*i64", "errors_ptr": "*i32", "fault_role": "i32", "stamp": "i64",
             "batch_size": "i32", "tree_size": "i32", "vocab_size": "i32", "num_chunks": "i32",
@@ -447,14 +478,14 @@ def tree_verify_variants():
             "REMOVE_DRAWN": rows == 2, "SEED_PER_REQUEST": per_request, "OFFSET_FROM_TENSOR": True,
             "OFFSET_PER_REQUEST": per_request, "SCRATCH_ROWS": rows,
             **_sampling_constexprs(sampling, config.search_block), "SPLIT": config.num_splits > 1,
-            "ROWS": config.rows, "BLOCK_N": config.block_n, "BLOCK_V": config.block_v,
+            "LOGPROBS": LOGPROBS_FLAGS[logprobs], "ROWS": config.rows, "BLOCK_N": config.block_n, "BLOCK_V": config.block_v,
             "CHUNK_TILE": config.chunk_tile, "REPLAY_SLOTS": config.replay_slots,
         }
         signature = _with_sampling_pointers(signature)
         signature.update({key: "constexpr" for key in constexprs})
         name = (f"tree_verify B={batch} N={tree_size} V={vocab} {dtype} {'logits' if logits else 'probs'} "
                 f"{draft_sampling if draft else 'one-hot'}{' top-k/top-p/min-p/bonus' if sampling else ''} "
-                f"rows={config.rows} splits={config.num_splits}")
+                f"{f'logprobs={logprobs} ' if logprobs else ''}rows={config.rows} splits={config.num_splits}")
         values = {"tree_size": tree_size, "vocab_size": vocab, "stride_ids_b": tree_size, "stride_ids_n": 1,
                   "stride_parents_b": tree_size, "stride_parents_n": 1,
                   "stride_target_b": tree_size * vocab, "stride_target_n": vocab,

@@ -61,6 +61,16 @@ Truncation (top-k / top-p / min-p). A threshold needs the whole row.
   what a probabilities program does with the truncated rows, and the last
   to arrive zeroes the request's records.
 
+Logprobs (``LOGPROBS``). Every plan ends in one writer, ``write_outputs``,
+which scores the emitted tokens (``target_logprob``) from per-position
+tiles of the rows' statistics and truncation (``_scored_rows``): the walk
+keeps each row's as it reads it; the slice plans have them from the
+normalisers they combine (greedy requests' rows too) and the staged
+thresholds. ``"raw"`` of logits needs each row's sum at ``T = 1``, which
+``row_statistics`` adds in the same pass (the slice plans store it after
+the other sums in ``stat_sum``). A bonus id given with bonus rows is scored
+under its row, read for that alone.
+
 No program waits on one that may not be running: with two waves a program's
 role comes from a ticket (an atomic counter taken at program start), not
 from its id, and wave 1 roles take the first tickets, so every wave 1
@@ -98,7 +108,7 @@ import triton
 import triton.language as tl
 
 from .chain_verify_finish import greedy_decisions, sampled_tokens, write_outputs
-from .chain_verify_rows import (acceptance, inverse_norm, processed_probability, proposal_probability,
+from .chain_verify_rows import (RAW_LOGPROBS, acceptance, inverse_norm, processed_probability, proposal_probability,
                                 request_temperatures, row_at, row_statistics, sample_slice, scan_statistics,
                                 target_probability)
 from .chain_verify_stages import clear_request_records, request_records, staged_statistics, staged_thresholds
@@ -122,7 +132,7 @@ def _walk_rows(
     k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
     truncating, parameters,
     LOGITS: tl.constexpr, HAS_DRAFT: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr, LOGPROBS: tl.constexpr,
 ):
     """A program holding whole rows (logits, or truncated targets): decide position by position.
 
@@ -133,8 +143,9 @@ def _walk_rows(
     acceptance test needs: softmax ``(max, 1 / sum)`` with logits, the
     truncation threshold and reciprocal where ``truncating`` (draft rows are
     probabilities, v1.3: they need none). Returns the stop position, the
-    stop row's target statistics and truncation, and the greedy requests'
-    token.
+    stop row's target statistics and truncation, the greedy requests'
+    token, and with ``LOGPROBS`` every row's ``[ROWS, BLOCK_K1]``
+    ``(max, 1 / sum, raw sum, threshold, reciprocal)`` (:func:`_scored_rows`).
     """
     positions = tl.arange(0, BLOCK_K1)[None, :]
     going = active
@@ -144,6 +155,11 @@ def _walk_rows(
     stop_threshold = tl.zeros((ROWS,), tl.int32)
     stop_reciprocal = tl.zeros((ROWS,), tl.float64)
     greedy_token = tl.full((ROWS,), -1, tl.int32)
+    row_maxes = tl.zeros((ROWS, BLOCK_K1), tl.float32)  # LOGPROBS: every row's statistics
+    inverse_norms = tl.zeros((ROWS, BLOCK_K1), tl.float32)
+    raw_sums = tl.zeros((ROWS, BLOCK_K1), tl.float32)
+    thresholds = tl.zeros((ROWS, BLOCK_K1), tl.int32)
+    reciprocals = tl.zeros((ROWS, BLOCK_K1), tl.float64)
     for position in range(0, max_drafts + 1):
         here = positions == position
         token = tl.sum(tl.where(here, safe_ids, 0), axis=1)
@@ -151,8 +167,9 @@ def _walk_rows(
         target_row = row_at(target_rows, position, stride_target_k)
         draft_row = row_at(draft_rows, position, stride_draft_k)
         reading = going & (position <= last_row)
-        row_max, row_arg, row_sum = row_statistics(target_row[:, None], reading[:, None], inverse_temperature, 0,
-                                                   vocab_size, LOGITS, ROWS, BLOCK_V)
+        row_max, row_arg, row_sum, raw_sum = row_statistics(target_row[:, None], reading[:, None],
+                                                            inverse_temperature, 0, vocab_size, LOGITS, ROWS, BLOCK_V,
+                                                            LOGPROBS == RAW_LOGPROBS)
         row_inverse_norm = inverse_norm(row_sum)
         gather = drafted & sampled
         threshold = stop_threshold
@@ -181,13 +198,24 @@ def _walk_rows(
         stop_reciprocal = tl.where(stopping, reciprocal, stop_reciprocal)
         greedy_token = tl.where(stopping, greedy_arg, greedy_token)
         going = going & accepted
-    return stop, stop_max, stop_inverse_norm, stop_threshold, stop_reciprocal, greedy_token
+        if LOGPROBS:
+            row_maxes = tl.where(here, row_max[:, None], row_maxes)
+            inverse_norms = tl.where(here, row_inverse_norm[:, None], inverse_norms)
+            if LOGPROBS == RAW_LOGPROBS:
+                raw_sums = tl.where(here, raw_sum[:, None], raw_sums)
+            else:  # only greedy requests report the raw value: their T is 1
+                raw_sums = tl.where(here, row_sum[:, None], raw_sums)
+            thresholds = tl.where(here, threshold[:, None], thresholds)
+            reciprocals = tl.where(here, reciprocal[:, None], reciprocals)
+    return (stop, stop_max, stop_inverse_norm, stop_threshold, stop_reciprocal, greedy_token,
+            (row_maxes, inverse_norms, raw_sums, thresholds, reciprocals))
 
 
 @triton.jit
 def _combine_normalisers(stat_max_ptr, stat_sum_ptr, requests, rows, num_splits, max_drafts, inverse_temperature,
                          ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, SPLIT_TILE: tl.constexpr):
-    """Row max and ``1 / sum exp((x - max) / T)`` of rows ``[ROWS, BLOCK_K1]`` from the per-slice statistics.
+    """Row max, ``1 / sum`` and ``sum exp((x - max) / T)`` of rows ``[ROWS, BLOCK_K1]`` from the per-slice
+    statistics.
 
     Vectorised over ``SPLIT_TILE`` slices at a time (one step unless there
     are more slices). A row without mass gets a NaN inverse, so its
@@ -209,7 +237,7 @@ def _combine_normalisers(stat_max_ptr, stat_sum_ptr, requests, rows, num_splits,
         row_sum = row_sum * softmax_weight(row_max - new_max, inverse_temperature) + tl.sum(
             slice_sum * softmax_weight(slice_max - new_max[:, :, None], inverse_temperature[:, :, None]), axis=2)
         row_max = new_max
-    return row_max, inverse_norm(row_sum)
+    return row_max, inverse_norm(row_sum), row_sum
 
 
 @triton.jit
@@ -319,8 +347,22 @@ def _reset_launch(tickets_ptr, wave1_arrivals_ptr, arrivals_ptr, failed_ptr, num
 
 
 @triton.jit
+def _scored_rows(target_rows, stride_target_k, num_drafts, greedy, row_max, row_inverse_norm, raw_sum,
+                 inverse_temperature, threshold, reciprocal, truncating, BONUS_ROWS: tl.constexpr,
+                 BLOCK_K1: tl.constexpr):
+    """What ``write_outputs`` scores the emitted tokens with (``LOGPROBS``): each request's target rows, which of
+    its positions have a row (not ``n_b`` in the bonus-free layout), its greedy flag, and its rows' statistics and
+    truncation ``[ROWS, BLOCK_K1]``, as ``target_logprob`` takes them."""
+    positions = tl.arange(0, BLOCK_K1)[None, :]
+    row_given = positions < num_drafts[:, None] + BONUS_ROWS * BLOCK_K1
+    return (target_rows, stride_target_k, row_given, greedy, (row_max, row_inverse_norm, inverse_temperature[:, None]),
+            raw_sum, (threshold, reciprocal, truncating[:, None] != 0))
+
+
+@triton.jit
 def _takes_bonus(gives_bonus, stop, num_drafts):
-    """Requests that accepted all their drafts and emit the engine's bonus token (their bonus row is not read)."""
+    """Requests that accepted all their drafts and emit the engine's bonus token (their bonus row is read only to
+    score it, ``LOGPROBS``)."""
     return gives_bonus & (stop == num_drafts)
 
 
@@ -332,7 +374,7 @@ def _chain_verify_kernel(
     draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, temperature_ptr,
     top_k_ptr, top_p_ptr, min_p_ptr, bonus_ptr,
     seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
-    output_ptr, num_accepted_ptr,
+    output_ptr, num_accepted_ptr, logprobs_ptr,
     # workspace: chunk results [B, chunks]; statistics [B, BLOCK_K1, SPLITS]; counters; the row blocks' failure
     # flags (nonzero once a wait gave up). The device's fault counters (specdec_kernels/_faults.py) and the role
     # whose first wait gives up (tests; -1: none)
@@ -347,7 +389,7 @@ def _chain_verify_kernel(
     HAS_TEMPERATURE: tl.constexpr, LOGITS: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
     OFFSET_PER_REQUEST: tl.constexpr, WALK: tl.constexpr, STAGED: tl.constexpr,
     HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, TRUNCATE: tl.constexpr,
-    HAS_BONUS: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+    HAS_BONUS: tl.constexpr, SEARCH_BLOCK: tl.constexpr, LOGPROBS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_TILE: tl.constexpr,
     CHUNK_TILE: tl.constexpr,
 ):
@@ -396,9 +438,12 @@ def _chain_verify_kernel(
         draft_ids_ptr, target_ptr, draft_ptr, num_drafts_ptr, cu_ptr, requests, active, max_drafts, num_tokens,
         stride_ids_b, stride_target_b, stride_draft_b, HAS_NUM_DRAFTS, PACKED, BONUS_ROWS, ROWS)
     # The last target row a decision may read: n_b, or n_b - 1 when the engine gives the bonus token (row n_b is
-    # then never read; the bonus-free layout has none).
+    # then never read, unless its logprob is asked for; the bonus-free layout has none).
     gives_bonus, bonus = _bonus_ids(bonus_ptr, requests, active, vocab_size, HAS_BONUS, BONUS_ROWS)
     last_row = num_drafts - gives_bonus.to(tl.int32)
+    if LOGPROBS and BONUS_ROWS:
+        last_row = num_drafts
+    raw_sum_ptr = stat_sum_ptr + batch_size.to(tl.int64) * BLOCK_K1 * num_splits  # LOGPROBS raw: T = 1 sums
     positions = tl.arange(0, BLOCK_K1)[None, :]
     parameters = truncation_parameters(top_k_ptr, top_p_ptr, min_p_ptr, requests, active, vocab_size, HAS_TOP_K,
                                        HAS_TOP_P, HAS_MIN_P, ROWS)
@@ -416,10 +461,11 @@ def _chain_verify_kernel(
                                                              BLOCK_K1)
         k0, k1, c2, c3 = request_key(seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
                                      requests, active, SEED_PER_REQUEST, OFFSET_FROM_TENSOR, OFFSET_PER_REQUEST)
-        stop, stop_max, stop_inverse_norm, stop_threshold, stop_reciprocal, greedy_token = _walk_rows(
+        stop, stop_max, stop_inverse_norm, stop_threshold, stop_reciprocal, greedy_token, row_tiles = _walk_rows(
             target_rows, draft_rows, requests, active, greedy, sampled, num_drafts, last_row, valid, safe_ids,
             inverse_temperature, k0, k1, c2, c3, max_drafts, vocab_size, stride_target_k, stride_draft_k,
-            truncating, parameters, LOGITS, HAS_DRAFT, TRUNCATE, ROWS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK)
+            truncating, parameters, LOGITS, HAS_DRAFT, TRUNCATE, ROWS, BLOCK_K1, BLOCK_V, SEARCH_BLOCK, LOGPROBS)
+        row_maxes, inverse_norms, raw_sums, thresholds, reciprocals = row_tiles
         at_stop = positions == stop[:, None]
         subtract = sampled & (tl.max((at_stop & valid).to(tl.int32), axis=1) > 0)
         takes_bonus = _takes_bonus(gives_bonus, stop, num_drafts)
@@ -438,8 +484,12 @@ def _chain_verify_kernel(
             stop_inverse_norm, inverse_temperature, k0, k1, c2, c3, num_chunks, vocab_size, stride_target_k,
             stop_threshold, stop_reciprocal, truncating, LOGITS, TRUNCATE, ROWS, BLOCK_V, CHUNK_TILE))
         token = tl.where(takes_bonus, bonus, token)
-        write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
-                      stride_output_b, BLOCK_K1)
+        write_outputs(output_ptr, num_accepted_ptr, logprobs_ptr, requests, active, stop, token, token_ids,
+                      max_drafts, stride_output_b,
+                      _scored_rows(target_rows, stride_target_k, num_drafts, greedy, row_maxes, inverse_norms,
+                                   raw_sums, inverse_temperature, thresholds, reciprocals, truncating, BONUS_ROWS,
+                                   BLOCK_K1),
+                      LOGITS, TRUNCATE, LOGPROBS, BLOCK_K1)
     else:
         if LOGITS and not STAGED:
             publishes = wave == 0
@@ -447,9 +497,9 @@ def _chain_verify_kernel(
             publishes = False
         if publishes:
             scan_statistics(
-                target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, active, last_row,
-                inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
-                LOGITS, ROWS, BLOCK_K1, BLOCK_V,
+                target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, raw_sum_ptr, requests, active, active,
+                last_row, inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
+                LOGITS, ROWS, BLOCK_K1, BLOCK_V, LOGPROBS == RAW_LOGPROBS,
             )
             tl.debug_barrier()
             tl.atomic_add(wave1_arrivals_ptr + row_block, 1, sem="release")
@@ -457,16 +507,16 @@ def _chain_verify_kernel(
             records = request_records(stages_ptr, row_block, BLOCK_K1)  # used by STAGED only
             if LOGITS and STAGED:
                 staged_statistics(
-                    records, target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, last_row,
-                    inverse_temperature, num_chunks, chunks_per_split, num_splits, max_drafts, vocab_size,
-                    stride_target_k, failed_ptr, give_up, LOGITS, ROWS, BLOCK_K1, BLOCK_V)
+                    records, target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, raw_sum_ptr, requests, active,
+                    last_row, inverse_temperature, num_chunks, chunks_per_split, num_splits, max_drafts, vocab_size,
+                    stride_target_k, failed_ptr, give_up, LOGITS, ROWS, BLOCK_K1, BLOCK_V, LOGPROBS == RAW_LOGPROBS)
             elif LOGITS:
                 wait_for(wave1_arrivals_ptr + row_block, num_splits, failed_ptr, give_up)
             elif tl.max(greedy.to(tl.int32), axis=0) > 0:
                 scan_statistics(
-                    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, greedy, last_row,
-                    inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
-                    LOGITS, ROWS, BLOCK_K1, BLOCK_V,
+                    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, raw_sum_ptr, requests, active, greedy,
+                    last_row, inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi,
+                    stride_target_k, LOGITS, ROWS, BLOCK_K1, BLOCK_V, False,
                 )
 
             # Acceptance tests of sampled requests at every position (gathers only).
@@ -484,10 +534,16 @@ def _chain_verify_kernel(
                 draft_at = tl.full((ROWS, BLOCK_K1), 1.0, tl.float32)
             target_max = tl.zeros((ROWS, BLOCK_K1), tl.float32)
             target_inverse_norm = tl.zeros((ROWS, BLOCK_K1), tl.float32)
+            raw_sums = tl.zeros((ROWS, BLOCK_K1), tl.float32)
             if LOGITS:
-                target_max, target_inverse_norm = _combine_normalisers(
-                    stat_max_ptr, stat_sum_ptr, requests, sampled, num_splits, max_drafts, inverse_temperature,
-                    ROWS, BLOCK_K1, SPLIT_TILE)
+                # LOGPROBS: greedy requests' rows too (their raw values; T is 1 for them).
+                target_max, target_inverse_norm, raw_sums = _combine_normalisers(
+                    stat_max_ptr, stat_sum_ptr, requests, active if LOGPROBS else sampled, num_splits, max_drafts,
+                    inverse_temperature, ROWS, BLOCK_K1, SPLIT_TILE)
+                if LOGPROBS == RAW_LOGPROBS:
+                    _, _, raw_sums = _combine_normalisers(
+                        stat_max_ptr, raw_sum_ptr, requests, active, num_splits, max_drafts,
+                        tl.full((ROWS,), 1.0, tl.float32), ROWS, BLOCK_K1, SPLIT_TILE)
             target_at = processed_probability(target_given, (target_max, target_inverse_norm, inverse_temperature[:, None]),
                                               None, LOGITS, False)
             threshold = tl.zeros((ROWS, BLOCK_K1), tl.int32)
@@ -551,8 +607,12 @@ def _chain_verify_kernel(
                 token = tl.where(_takes_bonus(gives_bonus, stop, num_drafts), bonus, token)
                 stop = tl.where(failed, 0, stop)  # the failure outcome: tokens -1, num_accepted 0
                 token = tl.where(failed, -1, token)
-                write_outputs(output_ptr, num_accepted_ptr, requests, active, stop,
-                              token, token_ids, max_drafts, stride_output_b, BLOCK_K1)
+                write_outputs(output_ptr, num_accepted_ptr, logprobs_ptr, requests, active, stop, token, token_ids,
+                              max_drafts, stride_output_b,
+                              _scored_rows(target_rows, stride_target_k, num_drafts, greedy, target_max,
+                                           target_inverse_norm, raw_sums, inverse_temperature, threshold, reciprocal,
+                                           truncating, BONUS_ROWS, BLOCK_K1),
+                              LOGITS, TRUNCATE, LOGPROBS, BLOCK_K1)
 
         if LOGITS and not STAGED:
             # The last program to end puts the launch's words back to zero, and its claim. The row blocks'

@@ -10,8 +10,8 @@ a few dependent round trips to L2, not one per slice.
 import triton
 import triton.language as tl
 
-from .chain_verify_rows import sample_slice
-from .sampling import choice_draw, choose_chunk, chunk_sums
+from .chain_verify_rows import row_at, sample_slice, target_logprob
+from .sampling import choice_draw, choose_chunk, chunk_sums, given_values
 
 @triton.jit
 def _combine_argmax(stat_max_ptr, stat_arg_ptr, requests, rows, num_splits, max_drafts,
@@ -98,12 +98,26 @@ def greedy_decisions(stat_max_ptr, stat_arg_ptr, requests, greedy, token_ids, va
 
 
 @triton.jit
-def write_outputs(output_ptr, num_accepted_ptr, requests, active, stop, token, token_ids, max_drafts,
-                  stride_output_b, BLOCK_K1: tl.constexpr):
-    """Accepted drafts, the chosen token at ``stop``, then -1; and ``num_accepted = stop``."""
+def write_outputs(output_ptr, num_accepted_ptr, logprobs_ptr, requests, active, stop, token, token_ids, max_drafts,
+                  stride_output_b, scored_rows, LOGITS: tl.constexpr, TRUNCATE: tl.constexpr,
+                  LOGPROBS: tl.constexpr, BLOCK_K1: tl.constexpr):
+    """Accepted drafts, the chosen token at ``stop``, then -1; and ``num_accepted = stop``; with ``LOGPROBS``
+    each emitted token's log-probability under its row (``target_logprob``; ``scored_rows`` from the kernel's
+    ``_scored_rows``), ``-inf`` where the token is -1 and NaN where its row was not given, in a tensor laid out
+    as the tokens."""
     positions = tl.arange(0, BLOCK_K1)[None, :]
     output = tl.where(positions < stop[:, None], token_ids,
                       tl.where(positions == stop[:, None], token[:, None].to(tl.int64), -1))
-    tl.store(output_ptr + requests[:, None].to(tl.int64) * stride_output_b + positions, output.to(tl.int32),
-             mask=active[:, None] & (positions <= max_drafts))
+    written = active[:, None] & (positions <= max_drafts)
+    slots = requests[:, None].to(tl.int64) * stride_output_b + positions
+    tl.store(output_ptr + slots, output.to(tl.int32), mask=written)
     tl.store(num_accepted_ptr + requests, stop, mask=active)
+    if LOGPROBS:
+        target_rows, stride_target_k, row_given, greedy, statistics, raw_sum, truncation = scored_rows
+        read = written & (output >= 0) & row_given
+        given = given_values(row_at(target_rows[:, None], positions, stride_target_k), tl.where(read, output, 0),
+                             read, LOGITS)
+        value = target_logprob(given, read, statistics, raw_sum, truncation, greedy[:, None], LOGITS, TRUNCATE,
+                               LOGPROBS)
+        value = tl.where(row_given, value, float("nan"))
+        tl.store(logprobs_ptr + slots, tl.where(output < 0, -float("inf"), value), mask=written)

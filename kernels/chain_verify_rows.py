@@ -7,7 +7,8 @@ rows goes there. ``row_statistics`` is a target row's max, argmax and softmax no
 and ``scan_statistics`` those of a slice of rows ``0..n_b``, stored per
 slice (draft rows are always probabilities: they need none);
 ``request_temperatures`` the requests' greedy flags and ``1 / T``;
-``acceptance`` the test of a proposed token;
+``acceptance`` the test of a proposed token; ``target_logprob`` the
+log-probability an emitted token is reported with;
 ``sample_slice`` is the per-element pass of the sampler: loads, subtract,
 clamp, scale, convert, one int64 scan per 1024-token chunk, a compare and
 a count (``kernels/sampling.py``); no random number per element.
@@ -26,6 +27,9 @@ from .truncation import truncated_probability
 # predicted 25% -> 38% of copy bandwidth at B = 64, 44% -> 70% at B = 512). Arithmetic is unchanged: the same
 # bits, so the interpreter, which ignores it, tests the same program.
 LOAD_STAGES = tl.constexpr(3)
+# The kernels' LOGPROBS: none, the raw rows' or the processed rows' (``logprobs=``, contract v1.3).
+RAW_LOGPROBS = tl.constexpr(1)
+PROCESSED_LOGPROBS = tl.constexpr(2)
 
 
 @triton.jit
@@ -72,6 +76,34 @@ def processed_probability(given, statistics, truncation, LOGITS: tl.constexpr, T
         threshold, reciprocal, truncating = truncation
         p = truncated_probability(p, threshold, reciprocal, truncating)
     return p
+
+
+@triton.jit
+def target_logprob(given, scored, statistics, raw_sum, truncation, greedy, LOGITS: tl.constexpr,
+                   TRUNCATE: tl.constexpr, LOGPROBS: tl.constexpr):
+    """The log-probability of values already read (``sampling.given_values``) under their target rows
+    (``reference/_logprobs``), the one every plan writes; lanes not ``scored`` come out 0.
+
+    The raw row: ``log_softmax`` of logits, ``(x - max) - log(raw_sum)``
+    with ``raw_sum`` the row's ``sum exp(x - max)`` (``T = 1``), or the log
+    of a probability. With ``PROCESSED_LOGPROBS`` the processed row
+    (:func:`processed_probability`), except where ``greedy`` (the raw value,
+    contract v1.3).
+    """
+    # Lanes not scored read 1 under a unit row: no log(0) or inf - inf (the interpreter warns of both).
+    row_max, inverse_norm, inverse_temperature = statistics
+    given = tl.where(scored, given, 1.0)
+    row_max = tl.where(scored, row_max, 1.0)
+    raw_sum = tl.where(scored, raw_sum, 1.0)
+    if LOGITS:
+        raw = (given - row_max) - tl.log(raw_sum)
+    else:
+        raw = tl.log(given)
+    if LOGPROBS == PROCESSED_LOGPROBS:
+        p = processed_probability(given, (row_max, tl.where(scored, inverse_norm, 1.0), inverse_temperature),
+                                  truncation, LOGITS, TRUNCATE)
+        return tl.where(greedy, raw, tl.log(tl.where(scored, p, 1.0)))
+    return raw
 
 
 @triton.jit
@@ -159,41 +191,48 @@ def acceptance_of_uniform(uniform, target_at_token, proposal_at_token, greedy, g
 
 @triton.jit
 def scan_statistics(
-    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, read_target, last_row,
+    target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, raw_sum_ptr, requests, active, read_target, last_row,
     inverse_temperature, split, num_splits, max_drafts, vocab_lo, vocab_hi, stride_target_k,
     LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
+    RAW_SUM: tl.constexpr,
 ):
-    """:func:`row_statistics` of this slice of target rows ``0..last_row``, stored at ``[request, position, split]``.
+    """:func:`row_statistics` of this slice of target rows ``0..last_row``, stored at ``[request, position, split]``
+    (the ``RAW_SUM`` sums in ``raw_sum_ptr``'s slots).
 
     ``read_target`` masks the requests whose rows are read; rows past
     ``last_row`` (``n_b``, or ``n_b - 1`` when the engine gives the bonus token) are not read.
     """
     slot = requests.to(tl.int64) * BLOCK_K1 * num_splits + split
     for position in range(0, max_drafts + 1):
-        row_max, row_arg, row_sum = row_statistics(
+        row_max, row_arg, row_sum, raw_sum = row_statistics(
             row_at(target_rows, position, stride_target_k)[:, None], (read_target & (position <= last_row))[:, None],
-            inverse_temperature, vocab_lo, vocab_hi, LOGITS, ROWS, BLOCK_V)
+            inverse_temperature, vocab_lo, vocab_hi, LOGITS, ROWS, BLOCK_V, RAW_SUM)
         here = slot + position * num_splits
         tl.store(stat_max_ptr + here, row_max, mask=active)
         tl.store(stat_arg_ptr + here, row_arg, mask=active)
         if LOGITS:
             tl.store(stat_sum_ptr + here, row_sum, mask=active)
+            if RAW_SUM:
+                tl.store(raw_sum_ptr + here, raw_sum, mask=active)
 
 
 @triton.jit
 def row_statistics(target_row, read_target, inverse_temperature, vocab_lo, vocab_hi,
-                   LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+                   LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, RAW_SUM: tl.constexpr = False):
     """Statistics of ``[vocab_lo, vocab_hi)`` of one target row of each request (``[ROWS, 1]`` row pointers).
 
-    The row's max (NaN ignored) and argmax (ties to the lower index); with
-    ``LOGITS`` also ``sum exp((x - max) / T)``. Draft rows need none: they
-    are always probabilities (v1.3). ``read_target`` (``[ROWS, 1]``) masks
-    the rows read.
+    ``(max, argmax, sum, raw_sum)``: the row's max (NaN ignored) and argmax
+    (ties to the lower index); with ``LOGITS`` also ``sum exp((x - max) / T)``
+    and, with ``RAW_SUM``, ``sum exp(x - max)`` (``T = 1``: raw logprobs'
+    normaliser, in the same pass; else 0). Draft rows need none: they are
+    always probabilities (v1.3). ``read_target`` (``[ROWS, 1]``) masks the
+    rows read.
     """
     vocab = tl.arange(0, BLOCK_V)[None, :]
     row_max = tl.full((ROWS,), -float("inf"), tl.float32)
     row_arg = tl.full((ROWS,), 2147483647, tl.int32)
     row_sum = tl.zeros((ROWS,), tl.float32)
+    raw_sum = tl.zeros((ROWS,), tl.float32)
     for start in range(vocab_lo, vocab_hi, BLOCK_V):
         index = start + vocab
         in_slice = index < vocab_hi
@@ -206,8 +245,11 @@ def row_statistics(target_row, read_target, inverse_temperature, vocab_lo, vocab
             new_max = tl.maximum(row_max, tile_max)
             row_sum = row_sum * softmax_weight(row_max - new_max, inverse_temperature) + tl.sum(
                 softmax_weight(x - new_max[:, None], inverse_temperature[:, None]), axis=1)
+            if RAW_SUM:
+                raw_sum = raw_sum * softmax_weight(row_max - new_max, 1.0) + tl.sum(
+                    softmax_weight(x - new_max[:, None], 1.0), axis=1)
         row_max = tl.maximum(row_max, tile_max)
-    return row_max, row_arg, row_sum
+    return row_max, row_arg, row_sum, raw_sum
 
 
 @triton.jit

@@ -36,9 +36,10 @@ def request_records(stages_ptr, request, BLOCK_K1: tl.constexpr):
 
 @triton.jit
 def staged_statistics(
-    records, target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, last_row,
+    records, target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, raw_sum_ptr, requests, active, last_row,
     inverse_temperature, num_chunks, chunks_per_split, num_splits, max_drafts, vocab_size, stride_target_k,
     failed_ptr, give_up, LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_V: tl.constexpr,
+    RAW_SUM: tl.constexpr,
 ):
     """Stage 0: the per-slice statistics of every slice of the request's target rows ``0..last_row``, complete
     when this returns."""
@@ -49,10 +50,10 @@ def staged_statistics(
         split = taken.to(tl.int32)  # the record's counter is int64; vocabulary indices stay 32-bit
         chunk_lo = split * chunks_per_split
         scan_statistics(
-            target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, requests, active, active, last_row,
+            target_rows, stat_max_ptr, stat_arg_ptr, stat_sum_ptr, raw_sum_ptr, requests, active, active, last_row,
             inverse_temperature, split, num_splits, max_drafts, chunk_lo * BLOCK_V,
             tl.minimum(tl.minimum(chunk_lo + chunks_per_split, num_chunks) * BLOCK_V, vocab_size),
-            stride_target_k, LOGITS, ROWS, BLOCK_K1, BLOCK_V,
+            stride_target_k, LOGITS, ROWS, BLOCK_K1, BLOCK_V, RAW_SUM,
         )
         measured_slices += 1
         taken = take_slice(record)

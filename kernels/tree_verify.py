@@ -74,10 +74,10 @@ Offsets that multiply a stride are 64-bit.
 import triton
 import triton.language as tl
 
-from .chain_verify_rows import (acceptance, drawn_from_draft, inverse_norm, proposal_probability, request_temperatures,
-                                row_pointers, row_statistics, target_probability)
+from .chain_verify_rows import (RAW_LOGPROBS, acceptance, drawn_from_draft, inverse_norm, proposal_probability,
+                                request_temperatures, row_pointers, row_statistics, target_logprob, target_probability)
 from .rng import ACCEPT_STREAM, random_words, request_key
-from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
+from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point, given_values,
                        normaliser_reciprocal, split_sums)
 from .faults import TREE_WAIT_GAVE_UP
 from .stage_records import STAGE_WORDS, publish, take_slice, wait_for_stage
@@ -332,16 +332,19 @@ def _choose_sample(chunk_total_ptr, chunk_pick_ptr, slot, sampled, k0, k1, c2, c
 
 @triton.jit
 def _node_statistics(target_row, needs_statistics, needs_threshold, inverse_temperature, parameters, vocab_size,
-                     p_max, p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal,
+                     p_max, p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal, p_raw_sum,
                      LOGITS: tl.constexpr, TRUNCATE: tl.constexpr, ROWS: tl.constexpr,
-                     BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr):
+                     BLOCK_V: tl.constexpr, SEARCH_BLOCK: tl.constexpr, LOGPROBS: tl.constexpr):
     """What a node entered needs from its whole target rows, each read by this program: the statistics
     ``(p_max, p_inverse_norm, greedy_token)`` where ``needs_statistics``, then the truncation
-    ``(threshold, reciprocal)`` where ``needs_threshold``; the other rows keep the values given. The draft
-    rows need none: they are probabilities (contract v1.3)."""
+    ``(threshold, reciprocal)`` where ``needs_threshold``, and with ``LOGPROBS`` the raw scores' sum at
+    ``T = 1`` (``row_statistics``; ``"processed"``: the sum at ``1 / T``, which only greedy requests, at
+    ``T = 1``, score with); the other rows keep the values given. The draft rows need none: they are
+    probabilities (contract v1.3)."""
     if tl.max(needs_statistics.to(tl.int32), axis=0) > 0:
-        row_max, row_arg, row_sum = row_statistics(target_row[:, None], needs_statistics[:, None],
-                                                   inverse_temperature, 0, vocab_size, LOGITS, ROWS, BLOCK_V)
+        row_max, row_arg, row_sum, raw_sum = row_statistics(target_row[:, None], needs_statistics[:, None],
+                                                            inverse_temperature, 0, vocab_size, LOGITS, ROWS, BLOCK_V,
+                                                            LOGPROBS == RAW_LOGPROBS)
         if LOGITS:
             has_choice = row_max > -float("inf")
         else:
@@ -349,6 +352,10 @@ def _node_statistics(target_row, needs_statistics, needs_threshold, inverse_temp
         p_max = tl.where(needs_statistics, row_max, p_max)
         p_inverse_norm = tl.where(needs_statistics, inverse_norm(row_sum), p_inverse_norm)
         greedy_token = tl.where(needs_statistics, tl.where(has_choice, row_arg, -1), greedy_token)
+        if LOGPROBS == RAW_LOGPROBS:
+            p_raw_sum = tl.where(needs_statistics, raw_sum, p_raw_sum)
+        elif LOGPROBS:
+            p_raw_sum = tl.where(needs_statistics, row_sum, p_raw_sum)
     if TRUNCATE:
         if tl.max(needs_threshold.to(tl.int32), axis=0) > 0:
             threshold, reciprocal = row_truncation(
@@ -357,7 +364,20 @@ def _node_statistics(target_row, needs_statistics, needs_threshold, inverse_temp
                 LOGITS, ROWS, BLOCK_V, SEARCH_BLOCK)
             truncation_threshold = tl.where(needs_threshold, threshold, truncation_threshold)
             truncation_reciprocal = tl.where(needs_threshold, reciprocal, truncation_reciprocal)
-    return p_max, p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal
+    return p_max, p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal, p_raw_sum
+
+
+@triton.jit
+def _scores(target_row, token, scored, p_max, p_inverse_norm, inverse_temperature, p_raw_sum, truncation_threshold,
+            truncation_reciprocal, truncating, greedy, LOGITS: tl.constexpr, TRUNCATE: tl.constexpr,
+            LOGPROBS: tl.constexpr):
+    """``LOGPROBS``: the score of each row's ``token`` under its current node's target row (``target_logprob``,
+    with the node's statistics and truncation); -inf where the token is -1."""
+    given = given_values(target_row, token, scored & (token >= 0), LOGITS)
+    value = target_logprob(given, scored & (token >= 0), (p_max, p_inverse_norm, inverse_temperature), p_raw_sum,
+                           (truncation_threshold, truncation_reciprocal, truncating != 0), greedy, LOGITS, TRUNCATE,
+                           LOGPROBS)
+    return tl.where(token >= 0, value, -float("inf"))
 
 
 @triton.jit(do_not_specialize=[
@@ -369,7 +389,7 @@ def _tree_verify_kernel(
     ids_ptr, parents_ptr, target_ptr, draft_ptr, num_nodes_ptr, temperature_ptr,
     top_k_ptr, top_p_ptr, min_p_ptr, bonus_ptr,
     seed_ptr, seed_low, seed_high, offset_ptr, offset_low, offset_high,
-    accepted_ptr, output_ptr, num_accepted_ptr,
+    accepted_ptr, output_ptr, num_accepted_ptr, logprobs_ptr,
     # workspace: scratch rows [B, SCRATCH_ROWS, V] float32; chunk results [B, chunks];
     # split plan: stage records [B, N + 1, STAGE_WORDS] int64. The device's fault counters
     # (specdec_kernels/_faults.py) and the role whose first wait gives up (tests; -1: none)
@@ -381,7 +401,8 @@ def _tree_verify_kernel(
     REMOVE_DRAWN: tl.constexpr, SEED_PER_REQUEST: tl.constexpr, OFFSET_FROM_TENSOR: tl.constexpr,
     OFFSET_PER_REQUEST: tl.constexpr, SCRATCH_ROWS: tl.constexpr,
     HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, TRUNCATE: tl.constexpr,
-    HAS_BONUS: tl.constexpr, SPLIT: tl.constexpr, SEARCH_BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    HAS_BONUS: tl.constexpr, SPLIT: tl.constexpr, SEARCH_BLOCK: tl.constexpr, LOGPROBS: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK_TILE: tl.constexpr, REPLAY_SLOTS: tl.constexpr,
 ):
     """``ROWS`` requests per program, or with ``SPLIT`` one slice-sharing program of one request; see the
@@ -423,6 +444,7 @@ def _tree_verify_kernel(
     q_scratch = p_scratch + (SCRATCH_ROWS - 1) * vocab_size
     accepted_row = accepted_ptr + requests.to(tl.int64) * stride_accepted_b
     output_row = output_ptr + requests.to(tl.int64) * stride_output_b
+    logprobs_row = logprobs_ptr + requests.to(tl.int64) * stride_output_b  # LOGPROBS: laid out as the tokens
 
     # Per-row walk state, int32 where it can be: flags kept as predicates
     # across the walk made ptxas spill (a thread has 7 predicate registers).
@@ -443,6 +465,7 @@ def _tree_verify_kernel(
     greedy_token = node - 1
     truncation_threshold = node  # of the node whose statistics are loaded, for truncating rows
     truncation_reciprocal = p_reciprocal
+    p_raw_sum = p_max  # LOGPROBS: the node's raw scores' normaliser
     rejected_here = node  # 1 once a child of the current node was tried and rejected
     failed = node  # split plan: 1 once a wait of the request gave up (the walk ends: the outcome is decided)
     # Split plan: the current node's rejections, as replay_rejection keeps them.
@@ -465,7 +488,7 @@ def _tree_verify_kernel(
         else:
             needs_threshold = entering & False
         entry = (target_row, needs_statistics, needs_threshold, inverse_temperature, parameters, vocab_size, p_max,
-                 p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal)
+                 p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal, p_raw_sum)
         if SPLIT:
             # One program (the first to take the stage) reads the row for every program of the request, which
             # wait for it: one pass over the row (and the truncation search's) per node entered instead of one
@@ -475,15 +498,14 @@ def _tree_verify_kernel(
                 record = history + stage * STAGE_WORDS
                 if take_slice(record) == 0:
                     publish_entry(record, *_node_statistics(*entry, LOGITS, TRUNCATE, ROWS, BLOCK_V,
-                                                            SEARCH_BLOCK), LOGITS)
+                                                            SEARCH_BLOCK, LOGPROBS), LOGITS, LOGPROBS)
                 failed |= wait_for_stage(record, 1, failed_ptr, give_up).to(tl.int32)
-                (p_max, p_inverse_norm, greedy_token, truncation_threshold,
-                 truncation_reciprocal) = entry_statistics(record, p_max, p_inverse_norm, LOGITS)
+                (p_max, p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal,
+                 p_raw_sum) = entry_statistics(record, p_max, p_inverse_norm, p_raw_sum, LOGITS, LOGPROBS)
                 stage += 1
         else:
-            (p_max, p_inverse_norm, greedy_token, truncation_threshold,
-             truncation_reciprocal) = _node_statistics(*entry, LOGITS, TRUNCATE, ROWS, BLOCK_V,
-                                                       SEARCH_BLOCK)
+            (p_max, p_inverse_norm, greedy_token, truncation_threshold, truncation_reciprocal,
+             p_raw_sum) = _node_statistics(*entry, LOGITS, TRUNCATE, ROWS, BLOCK_V, SEARCH_BLOCK, LOGPROBS)
         statistics_node = tl.where(entering, node, statistics_node)
 
         # A node's base rows are the inputs until a second rejection there
@@ -560,6 +582,11 @@ def _tree_verify_kernel(
         depth += accepted.to(tl.int32)
         tl.store(accepted_row + depth, child, mask=accepted & writes)
         tl.store(output_row + depth - 1, token.to(tl.int32), mask=accepted & writes)
+        if LOGPROBS:
+            tl.store(logprobs_row + depth - 1, _scores(
+                target_row, token, accepted & writes, p_max, p_inverse_norm, inverse_temperature, p_raw_sum,
+                truncation_threshold, truncation_reciprocal, truncating, greedy, LOGITS, TRUNCATE, LOGPROBS),
+                mask=accepted & writes)
         node = tl.where(accepted, child, node)
         if SPLIT:
             replayed = tl.where(tl.max(accepted.to(tl.int32), axis=0) > 0, 0, replayed)
@@ -608,6 +635,9 @@ def _tree_verify_kernel(
                                            num_chunks, ROWS, CHUNK_TILE)
             token = tl.where(sampled, sampled_token, token)
     tl.store(num_accepted_ptr + requests, depth, mask=writes)
+    if LOGPROBS:
+        score = _scores(target_row, token.to(tl.int64), writes, p_max, p_inverse_norm, inverse_temperature, p_raw_sum,
+                        truncation_threshold, truncation_reciprocal, truncating, greedy, LOGITS, TRUNCATE, LOGPROBS)
     nodes = tl.arange(0, BLOCK_N)[None, :]
     for start in range(0, tree_size, BLOCK_N):
         index = start + nodes
@@ -616,6 +646,9 @@ def _tree_verify_kernel(
                  mask=in_tree & (index > depth[:, None]))
         tl.store(output_row[:, None] + index, tl.where(index == depth[:, None], token[:, None], -1),
                  mask=in_tree & (index >= depth[:, None]))
+        if LOGPROBS:
+            tl.store(logprobs_row[:, None] + index, tl.where(index == depth[:, None], score[:, None], -float("inf")),
+                     mask=in_tree & (index >= depth[:, None]))
     if SPLIT:
         if end_request(history, tree_size, num_splits, errors_ptr + TREE_WAIT_GAVE_UP):
             # The request's last program, and a wait of the request gave up: the failure outcome, over whatever
@@ -625,4 +658,7 @@ def _tree_verify_kernel(
                 in_tree = active[:, None] & (index < tree_size)
                 tl.store(accepted_row[:, None] + index, tl.where(index == 0, 0, -1), mask=in_tree)
                 tl.store(output_row[:, None] + index, tl.full((ROWS, BLOCK_N), -1, tl.int32), mask=in_tree)
+                if LOGPROBS:
+                    tl.store(logprobs_row[:, None] + index, tl.full((ROWS, BLOCK_N), -float("inf"), tl.float32),
+                             mask=in_tree)
             tl.store(num_accepted_ptr + requests, tl.zeros((ROWS,), tl.int32), mask=active)

@@ -90,13 +90,15 @@ def stage_totals(record):
 
 
 @triton.jit
-def publish_entry(record, p_max, p_inverse_norm, greedy_token, threshold, reciprocal,
-                  LOGITS: tl.constexpr):
+def publish_entry(record, p_max, p_inverse_norm, greedy_token, threshold, reciprocal, raw_sum,
+                  LOGITS: tl.constexpr, LOGPROBS: tl.constexpr):
     """Store a node's entry (``[1]`` values: the program's one request) and release it. The softmax statistics
-    only with ``LOGITS``: probability rows are read as they are."""
+    only with ``LOGITS`` (and the sum at ``T = 1`` with ``LOGPROBS``): probability rows are read as they are."""
     if LOGITS:
         tl.store(record + ENTRY_WORD, tl.sum(p_max.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
         tl.store(record + ENTRY_WORD + 1, tl.sum(p_inverse_norm.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
+        if LOGPROBS:
+            tl.store(record + ENTRY_WORD + 5, tl.sum(raw_sum.to(tl.int32, bitcast=True), axis=0).to(tl.int64))
     tl.store(record + ENTRY_WORD + 2, tl.sum(greedy_token, axis=0).to(tl.int64))
     tl.store(record + ENTRY_WORD + 3, tl.sum(threshold, axis=0).to(tl.int64))
     tl.store(record + ENTRY_WORD + 4, tl.sum(reciprocal.to(tl.int64, bitcast=True), axis=0))
@@ -115,15 +117,17 @@ def _entry_float(record, word):
 
 
 @triton.jit
-def entry_statistics(record, p_max, p_inverse_norm, LOGITS: tl.constexpr):
+def entry_statistics(record, p_max, p_inverse_norm, raw_sum, LOGITS: tl.constexpr, LOGPROBS: tl.constexpr):
     """The published entry: ``(p_max, p_inverse_norm, greedy_token, threshold,
-    reciprocal)``, ``[1]`` each, the bits :func:`publish_entry` stored (the statistics given, without
+    reciprocal, raw_sum)``, ``[1]`` each, the bits :func:`publish_entry` stored (the statistics given, without
     ``LOGITS``: fewer values live across the wait, which kept an sm_80 compile from spilling 8 bytes)."""
     if LOGITS:
         p_max = _entry_float(record, 0)
         p_inverse_norm = _entry_float(record, 1)
+        if LOGPROBS:
+            raw_sum = _entry_float(record, 5)
     return (p_max, p_inverse_norm, _entry_word(record, 2).to(tl.int32),
-            _entry_word(record, 3).to(tl.int32), _entry_word(record, 4).to(tl.float64, bitcast=True))
+            _entry_word(record, 3).to(tl.int32), _entry_word(record, 4).to(tl.float64, bitcast=True), raw_sum)
 
 
 @triton.jit

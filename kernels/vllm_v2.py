@@ -80,7 +80,7 @@ def _vllm_v2_prepare_kernel(
             logits_row = (draft_logits_ptr + state * stride_draft_state + draft_step * stride_draft_step
                           + one_row)[:, None]
             unit = tl.full([1], 1.0, tl.float32)
-            row_max, _, row_sum = row_statistics(logits_row, (one_row == 0)[:, None], unit, 0, vocab_size, True, 1,
+            row_max, _, row_sum, _ = row_statistics(logits_row, (one_row == 0)[:, None], unit, 0, vocab_size, True, 1,
                                                  BLOCK_V)
             scale = inverse_norm(row_sum)
             probs_row = draft_probs_ptr + draft * stride_probs

@@ -87,15 +87,17 @@ def available(op_name: str, backend: str, device: torch.device) -> bool:
     return _WHY_UNAVAILABLE[backend](op_name, device) is None
 
 
-def resolve(op_name: str, backend: str, device: torch.device) -> str:
-    """The concrete backend for ``backend`` on ``device``; ``RuntimeError`` says why not."""
+def resolve(op_name: str, backend: str, device: torch.device, implemented=None) -> str:
+    """The concrete backend for ``backend`` on ``device``; ``RuntimeError`` says why not. ``"auto"`` chooses
+    among ``implemented`` (default: every backend), the backends of a feature that has not landed on all."""
     if backend not in BACKENDS:
         raise ValueError(f"{op_name}: `backend` must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
     if backend == "auto":
         if device.type != "cuda":
             return "reference"
         order = ("triton", "cuda") if op_name in AUTO_PREFERS_TRITON else ("cuda", "triton")
-        return next((name for name in order if _WHY_UNAVAILABLE[name](op_name, device) is None), "reference")
+        return next((name for name in order if (implemented is None or name in implemented)
+                     and _WHY_UNAVAILABLE[name](op_name, device) is None), "reference")
     reason = _WHY_UNAVAILABLE[backend](op_name, device)
     if reason is not None:
         raise RuntimeError(f"{op_name}: backend {backend!r} cannot run: {reason}")

@@ -154,7 +154,7 @@ def register(op_name: str, implementations: dict[str, Callable], fake: Callable,
         *arguments, backend = args if len(args) == len(defaults) else (*args, *defaults[len(args):])
         implementation = implementations.get(backend)
         if implementation is None:
-            resolved = _backend.resolve(name, backend, arguments[device_index].device)
+            resolved = _resolve_among(name, backend, arguments[device_index].device, implementations)
             if backend == "auto" and auto_choice is not None:
                 resolved = auto_choice(resolved, *arguments)
             require(op_name, resolved)
@@ -196,6 +196,23 @@ def run(op_name: str, *args):
     if _needs_torch_dispatcher(args[0]):
         return _OVERLOADS[op_name](*args)
     return _DISPATCHERS[op_name](*args)
+
+
+def verification_backend(op_name: str, logprobs: str | None, backend: str, device: torch.device) -> str:
+    """The backend a verification op runs on (``_backend.resolve``): with ``logprobs``, ``"auto"`` chooses among
+    the backends that have it."""
+    if logprobs is None:
+        return _backend.resolve(op_name, backend, device)
+    return _resolve_among(op_name, backend, device, IMPLEMENTATIONS[f"{op_name}.logprobs"])
+
+
+def _resolve_among(op_name: str, backend: str, device: torch.device, implemented) -> str:
+    """``_backend.resolve``, where ``"auto"`` passes over a backend without an ``implemented`` entry (a feature
+    that has not landed on every backend)."""
+    resolved = _backend.resolve(op_name, backend, device)
+    if backend == "auto" and resolved not in implemented:
+        resolved = _backend.resolve(op_name, backend, device, implemented)
+    return resolved
 
 
 def run_verification(op_name: str, logprobs: str | None, *args):

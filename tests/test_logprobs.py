@@ -7,8 +7,9 @@ as given (``log_softmax`` of logits, the log of a probability),
 top-k, renormalised; greedy requests report the raw value). ``-inf`` where
 the token is ``-1``; NaN for a token emitted from a row the call was not
 given (a bonus id in the bonus-free packed layout). The tokens are those of
-the call without ``logprobs``. Only the reference has logprobs so far: the
-kernel backends raise, naming themselves.
+the call without ``logprobs``. The reference and the Triton kernels have
+logprobs so far: the CUDA backend raises, naming itself, and ``"auto"``
+passes over it.
 """
 
 from __future__ import annotations
@@ -84,6 +85,24 @@ def test_chain_scores_each_token_under_its_row(kind, logits):
     assert_scores(got, expected)
 
 
+def packed_scores(target, tokens, counts, cu, bonus_rows, kind, logits, temperatures):
+    """The contract's scores of a packed call's tokens: each under its request's row, NaN for a bonus id
+    emitted where the layout has no bonus row."""
+    expected = []
+    for b, count in enumerate(counts):
+        row_scores = []
+        for j in range(tokens.shape[1]):
+            token = int(tokens[b, j])
+            if token >= 0 and j == count and not bonus_rows:
+                row_scores.append(math.nan)  # the bonus id: its row was not given
+            else:
+                row = int(cu[b]) + min(j, count) + (b if bonus_rows else 0)
+                row_scores.append(scored(target[min(row, target.shape[0] - 1)].cpu(), token, kind, logits,
+                                         temperatures[b], 0))
+        expected.append(row_scores)
+    return expected
+
+
 @pytest.mark.parametrize("bonus_rows", [True, False])
 def test_packed_scores_and_the_bonus_free_layout(bonus_rows):
     """Packed rows scored as the padded call's; in the bonus-free layout a bonus id is emitted from a row that
@@ -104,18 +123,7 @@ def test_packed_scores_and_the_bonus_free_layout(bonus_rows):
     keywords = dict(max_num_draft_tokens=3, seed=9, bonus_token_ids=bonus, backend="reference")
     tokens, num_accepted, got = sk.chain_verify_packed(ids, cu, target, None, logprobs="raw", **keywords)
     assert torch.equal(tokens, sk.chain_verify_packed(ids, cu, target, None, **keywords)[0])
-    expected = []
-    for b, count in enumerate(counts):
-        row_scores = []
-        for j in range(tokens.shape[1]):
-            token = int(tokens[b, j])
-            if token >= 0 and j == count and not bonus_rows:
-                row_scores.append(math.nan)  # the bonus id: its row was not given
-            else:
-                row = int(cu[b]) + min(j, count) + (b if bonus_rows else 0)
-                row_scores.append(scored(target[min(row, target_rows - 1)], token, "raw", False, 1.0, 0))
-        expected.append(row_scores)
-    assert_scores(got, expected)
+    assert_scores(got, packed_scores(target, tokens, counts, cu, bonus_rows, "raw", False, [1.0] * len(counts)))
     # Request 2 accepted all its drafts with no valid bonus id: its bonus row is sampled, or without one: -1.
     assert int(num_accepted[2]) == 3 and (int(tokens[2, 3]) >= 0) == bonus_rows
 
@@ -139,15 +147,31 @@ def test_tree_scores_each_token_under_its_path_nodes_row(kind):
 
 
 def test_kernel_backends_say_they_lack_logprobs():
+    """The ops have logprobs on the reference and Triton (tests/test_logprobs_triton.py); the CUDA kernels do not
+    yet, and say so."""
+    from specdec_kernels import _library
+
     ids, target, draft, counts = chain_case(4, False)
-    with pytest.raises(NotImplementedError, match=r"chain_verify: `logprobs` is not implemented on the 'triton' "
-                                                  r"backend yet; it runs on 'reference'"):
-        sk.chain_verify(ids, target, draft, logprobs="raw", seed=1, backend="triton")
-    parents = torch.tensor([[-1, 0]]).expand(5, 2)
-    with pytest.raises(NotImplementedError, match="tree_verify: `logprobs` is not implemented on the 'triton'"):
-        sk.tree_verify(ids[:, :2], parents, target[:, :2], logprobs="processed", seed=1, backend="triton")
+    for op_name in ("chain_verify", "chain_verify_packed", "tree_verify"):
+        with pytest.raises(NotImplementedError, match=rf"{op_name}: `logprobs` is not implemented on the 'cuda' "
+                                                      r"backend yet; it runs on 'reference', 'triton'"):
+            _library.require(f"{op_name}.logprobs", "cuda")
     with pytest.raises(ValueError, match="`logprobs` must be one of 'raw', 'processed'; got 'log'"):
         sk.chain_verify(ids, target, draft, logprobs="log", seed=1)
+
+
+def test_auto_chooses_a_backend_that_has_logprobs(monkeypatch):
+    """On a GPU where CUDA and Triton both run, ``"auto"`` takes CUDA, but for logprobs the backends that have them."""
+    from specdec_kernels import _backend, _library
+
+    monkeypatch.setitem(_backend._WHY_UNAVAILABLE, "cuda", lambda op_name, device: None)
+    monkeypatch.setitem(_backend._WHY_UNAVAILABLE, "triton", lambda op_name, device: None)
+    gpu = torch.device("cuda", 0)
+    assert _library.verification_backend("chain_verify", None, "auto", gpu) == "cuda"
+    assert _library.verification_backend("chain_verify", "raw", "auto", gpu) == "triton"
+    assert _library.verification_backend("tree_verify", "processed", "auto", gpu) == "triton"
+    monkeypatch.setitem(_backend._WHY_UNAVAILABLE, "triton", lambda op_name, device: "no Triton")
+    assert _library.verification_backend("tree_verify", "processed", "auto", gpu) == "reference"
 
 
 def test_logprobs_trace_into_one_graph():

@@ -27,17 +27,20 @@ def test_kernels_compile_for_gpus_without_spills():
         with open(report, "w") as file:
             file.write(result.stdout + result.stderr)
     assert result.returncode == 0, result.stdout + result.stderr
-    from specdec_kernels._kernels.aot import (BUILD_TREE_SHAPES, CHAIN_VERIFY_SAMPLING_SHAPES, CHAIN_VERIFY_SHAPES,
+    from specdec_kernels._kernels.aot import (BUILD_TREE_SHAPES, CHAIN_VERIFY_LOGPROBS_SHAPES,
+                                              CHAIN_VERIFY_SAMPLING_SHAPES, CHAIN_VERIFY_SHAPES,
                                               COMPACT_KV_SHAPES, EAGLE_GREEDY_SHAPES, EAGLE_OUTPUTS_SHAPES,
                                               EAGLE_PARENTS_SHAPES, FLASHINFER_COUNTERS_SHAPES, TARGETS,
                                               VLLM_V2_OUTPUTS_SHAPES, VLLM_V2_PREPARE_SHAPES,
-                                              TREE_VERIFY_SAMPLING_SHAPES, TREE_VERIFY_SHAPES,
+                                              TREE_VERIFY_LOGPROBS_SHAPES, TREE_VERIFY_SAMPLING_SHAPES,
+                                              TREE_VERIFY_SHAPES,
                                               fault_counters_variants, tree_attention_variants)
 
     lines = [line for line in result.stdout.splitlines() if "registers" in line]
-    shapes = (CHAIN_VERIFY_SHAPES, CHAIN_VERIFY_SAMPLING_SHAPES, TREE_VERIFY_SHAPES, TREE_VERIFY_SAMPLING_SHAPES,
-              BUILD_TREE_SHAPES, COMPACT_KV_SHAPES, EAGLE_PARENTS_SHAPES, EAGLE_OUTPUTS_SHAPES, EAGLE_GREEDY_SHAPES,
-              VLLM_V2_PREPARE_SHAPES, VLLM_V2_OUTPUTS_SHAPES, FLASHINFER_COUNTERS_SHAPES)
+    shapes = (CHAIN_VERIFY_SHAPES, CHAIN_VERIFY_SAMPLING_SHAPES, CHAIN_VERIFY_LOGPROBS_SHAPES, TREE_VERIFY_SHAPES,
+              TREE_VERIFY_SAMPLING_SHAPES, TREE_VERIFY_LOGPROBS_SHAPES, BUILD_TREE_SHAPES, COMPACT_KV_SHAPES,
+              EAGLE_PARENTS_SHAPES, EAGLE_OUTPUTS_SHAPES, EAGLE_GREEDY_SHAPES, VLLM_V2_PREPARE_SHAPES,
+              VLLM_V2_OUTPUTS_SHAPES, FLASHINFER_COUNTERS_SHAPES)
     # tree_attention compiles its merge kernel too for the shapes that split.
     variants = sum(map(len, shapes)) + len(tree_attention_variants()) + len(fault_counters_variants())
     assert len(lines) == variants * len(TARGETS)
@@ -63,6 +66,8 @@ def test_launch_options_by_triton_version(monkeypatch):
             monkeypatch.setattr(module, "older_triton", lambda older=older: older)
         assert chain.num_warps(True, staged=True) == (16 if older else 8)
         assert (chain.num_warps(True), chain.num_warps(False)) == (8, 4)
+        assert chain.num_warps(True, logprobs=True) == (16 if older else 8)
+        assert chain.num_warps(False, logprobs=True) == 4
         assert tree.launch_options(small, False) == {"num_warps": 4 if older else 8, "maxnreg": 128}
         assert tree.launch_options(split, True) == {"num_warps": 8, "maxnreg": 168 if older else 128}
         assert tree.launch_options(split, False) == {"num_warps": 8, "maxnreg": 128}

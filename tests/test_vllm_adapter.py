@@ -354,5 +354,8 @@ def test_from_logits_returns_the_ops_logprobs(kind):
     bonus = (tokens >= 0) & (torch.arange(tokens.shape[1]).view(1, -1) == counts.view(-1, 1))
     assert bool(torch.isnan(logprobs[bonus]).all()) and bool(torch.isneginf(logprobs[tokens == -1]).all())
     assert bool(torch.isfinite(logprobs[(tokens >= 0) & ~bonus]).all())
-    with pytest.raises(NotImplementedError, match="`logprobs` is not implemented on the 'triton' backend"):
-        vllm.rejection_sample_from_logits(*arguments, metadata(), logprobs=kind, backend="triton")
+    # The Triton kernel: the same tokens, the same scores within float32 rounding (tests/test_logprobs_triton.py).
+    triton_tokens, triton_logprobs = vllm.rejection_sample_from_logits(
+        *arguments, metadata(**keywords, generators=generators_of(seeds)), logprobs=kind, backend="triton")
+    assert torch.equal(triton_tokens, tokens)
+    torch.testing.assert_close(triton_logprobs, logprobs, rtol=1e-5, atol=1e-5, equal_nan=True)

@@ -146,7 +146,7 @@ def rejection_sample_from_logits(
         them) or as verified (``"processed"``: after temperature and top-k/
         top-p, vLLM's ``processed_logprobs``); ``-inf`` at ``-1``
         placeholders, NaN for the bonus token (vLLM's sampler gave it; its row
-        is not here). Reference backend only so far.
+        is not here). On the reference and Triton backends so far.
 
     Returns ``output_token_ids``, or ``(output_token_ids, output_logprobs)``
     with ``logprobs``.

@@ -10,6 +10,10 @@ from __future__ import annotations
 from .._verify_options import VerifyOptions
 
 
+# The chain kernel's LOGPROBS (kernels/chain_verify_rows.py: RAW_LOGPROBS, PROCESSED_LOGPROBS) of `logprobs=`.
+LOGPROBS_FLAGS = {None: 0, "raw": 1, "processed": 2}
+
+
 def split_words(value: int) -> tuple[int, int]:
     """A 64-bit int as its low and high 32-bit words, each read as a signed 32-bit int.
 

@@ -10,7 +10,7 @@ import torch
 from .. import _faults, _workspace
 from .._verify_options import VerifyOptions
 from ._options import split_words  # noqa: F401 (the seed words' rule, as tests/ import it from here)
-from ._options import triton_arguments, triton_flags
+from ._options import LOGPROBS_FLAGS, triton_arguments, triton_flags
 from ._shapes import cdiv, device_guard, next_power_of_2, older_triton, unit_last_stride
 from ._shapes import multiprocessor_count as _multiprocessor_count  # a module name: tests patch it
 
@@ -51,16 +51,18 @@ INTERPRETER_LIMITS = Limits(tile=32768, decision_tile=1 << 20, combine_tile=1 <<
                             search_tile=1 << 20)
 
 
-def num_warps(truncate: bool, staged: bool = False) -> int:
+def num_warps(truncate: bool, staged: bool = False, logprobs: bool = False) -> int:
     """4 warps; 8 with truncation, whose search and walk state spilled 12-32 bytes at 4 (sm_80, V = 128256).
 
     The staged plan under Triton before 3.9: 16. Triton 3.6 spilled 8-112 bytes at 8 warps and 128 registers
     (V = 128256 probabilities and packed logits, V = 151936 logits; 160 registers or 16 warps spill none), and
     16 warps at 128 registers is one program of 512 threads an SM, the threads of two 8-warp programs (160
     registers would leave one 8-warp program an SM). Running programs take the stages' slices from a counter,
-    so with one resident program an SM none waits on a program that has not started.
+    so with one resident program an SM none waits on a program that has not started. The walk with truncation
+    and ``logprobs`` under Triton 3.6 too: at 8 warps its rows' statistics kept for the scores spilled 104 bytes
+    (V = 128256 logits, sm_90a).
     """
-    if truncate and staged and older_triton():
+    if truncate and (staged or logprobs) and older_triton():
         return 16
     return 8 if truncate else 4
 
@@ -153,7 +155,7 @@ class ChainPlan(NamedTuple):
 
 
 def chain_plan(batch_size: int, rows_per_request: int, vocab_size: int, multiprocessors: int | None,
-               limits: Limits, logits: bool, truncate: bool) -> ChainPlan:
+               limits: Limits, logits: bool, truncate: bool, logprobs: bool = False) -> ChainPlan:
     """The one plan rule of a chain launch, which the launcher and ``kernels/aot.py`` both follow."""
     if truncate:
         config, staged = truncation_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits)
@@ -161,13 +163,14 @@ def chain_plan(batch_size: int, rows_per_request: int, vocab_size: int, multipro
         config, staged = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits), False
     walk = (logits or truncate) and config.num_splits == 1
     waves = 2 if logits and not walk and not staged else 1
-    options = {"num_warps": num_warps(truncate, staged), "enable_fp_fusion": False,
+    options = {"num_warps": num_warps(truncate, staged, logprobs), "enable_fp_fusion": False,
                **({} if config.max_registers is None else {"maxnreg": config.max_registers})}
     return ChainPlan(config, staged, walk, waves, options)
 
 
 def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: int, logits: bool,
-                           device: torch.device, truncate: bool = True) -> dict[str, tuple[int, torch.dtype]]:
+                           device: torch.device, truncate: bool = True,
+                           raw_logprobs: bool = False) -> dict[str, tuple[int, torch.dtype]]:
     """The workspace one Triton launch uses, ``{name: (numel, dtype)}``, in the kernel's parameter order.
 
     Reserve it with ``_workspace.buffers(device, specs)`` before CUDA-graph
@@ -175,7 +178,8 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     reservation for the largest sizes covers every smaller call (the slice
     count is not monotone in ``B``, so the statistics are sized by a bound).
     Chunk results are ``[B, chunks]``, statistics
-    ``[B, BLOCK_K1, SPLITS]``; the staged plan's stage records (``stage_counters``,
+    ``[B, BLOCK_K1, SPLITS]`` (``stat_sum`` twice over with ``logprobs="raw"`` of logits: the sums at ``T = 1``
+    follow); the staged plan's stage records (``stage_counters``,
     ``[B, 20, 16 + 32 * BLOCK_K1]`` int64, for ``B < 2 * SMs`` at most; one
     word unless ``truncate``: only calls with ``top_k``/``top_p``/``min_p``
     use them), the counters, the row blocks' failure flags
@@ -195,7 +199,7 @@ def triton_workspace_specs(batch_size: int, rows_per_request: int, vocab_size: i
     if multiprocessors is not None and limits.tile <= CHUNK_SIZE:
         request_slices = min(request_slices, batch_size + 2 * multiprocessors)
     stat_slots = next_power_of_2(rows_per_request) * request_slices
-    logit_slots = stat_slots if logits else 1
+    logit_slots = stat_slots * (2 if raw_logprobs else 1) if logits else 1
     # Stage records: only a split row needs them (V > 1024), and on a GPU rows split only while B < 2 * SMs.
     staged_requests = batch_size if multiprocessors is None else min(batch_size, 2 * multiprocessors)
     if num_chunks == 1 or not truncate:
@@ -246,8 +250,11 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     device = target.device
     output = torch.empty((batch_size, rows_per_request), dtype=torch.int32, device=device)
     num_accepted = torch.empty((batch_size,), dtype=torch.int32, device=device)
+    outputs = (output, num_accepted)
+    if options.logprobs is not None:
+        outputs += (torch.empty((batch_size, rows_per_request), dtype=torch.float32, device=device),)
     if batch_size == 0:
-        return output, num_accepted
+        return outputs
     packed = cu_num_draft_tokens is not None
     num_tokens = draft_token_ids.shape[0] if packed else 0
     # Packed: [T+B, V] holds each request's bonus row; [T, V] (bonus ids given) does not (ops/chain_verify_packed.py).
@@ -265,31 +272,33 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     logits, truncate = options.logits, options.truncates
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
-    plan = chain_plan(batch_size, rows_per_request, vocab_size, multiprocessors, limits, logits, truncate)
+    plan = chain_plan(batch_size, rows_per_request, vocab_size, multiprocessors, limits, logits, truncate,
+                      options.logprobs is not None)
     config = plan.config
     row_blocks = cdiv(batch_size, config.rows)
     guard = device_guard(device)
     with guard:
         scratch = _workspace.buffers(device, triton_workspace_specs(batch_size, rows_per_request, vocab_size,
-                                                                    logits, device, truncate))
+                                                                    logits, device, truncate,
+                                                                    options.logprobs == "raw"))
         errors = _faults.error_counters(device)
         placeholder = target
         _chain_verify_kernel[(plan.waves * row_blocks * config.num_splits,)](
             draft_token_ids, target, placeholder if draft is None else draft,
             placeholder if num_draft_tokens is None else num_draft_tokens,
             placeholder if cu_num_draft_tokens is None else cu_num_draft_tokens,
-            *triton_arguments(options, placeholder), output, num_accepted,
+            *triton_arguments(options, placeholder), output, num_accepted, outputs[-1] if options.logprobs else placeholder,
             *scratch.values(), errors, _faults.give_up_role(), _workspace.launch_stamp(),
             batch_size, max_drafts, num_tokens, vocab_size, config.num_chunks, config.num_splits,
             config.chunks_per_split,
             draft_token_ids.stride(0), *_layout_strides(target), *_layout_strides(draft), output.stride(0),
             HAS_DRAFT=draft is not None, HAS_NUM_DRAFTS=num_draft_tokens is not None, PACKED=packed,
             BONUS_ROWS=bonus_rows, WALK=plan.walk, STAGED=plan.staged, **triton_flags(options),
-            SEARCH_BLOCK=config.search_block,
+            SEARCH_BLOCK=config.search_block, LOGPROBS=LOGPROBS_FLAGS[options.logprobs],
             ROWS=config.rows, BLOCK_K1=config.block_k1, BLOCK_V=config.block_v, SPLIT_TILE=config.split_tile,
             CHUNK_TILE=config.chunk_tile, **plan.options,
         )
-    return output, num_accepted
+    return outputs
 
 
 CUDA_CHUNK_SIZE = 1024  # the sampler's chunk (reference/_sampling.py CHUNK_SIZE)

@@ -11,7 +11,7 @@ from .. import _faults, _workspace
 from ._shapes import (cdiv, device_capability, device_guard, multiprocessor_count, next_power_of_2, older_triton,
                       unit_last_stride)
 from .._verify_options import VerifyOptions
-from ._options import triton_arguments, triton_flags
+from ._options import LOGPROBS_FLAGS, triton_arguments, triton_flags
 from .chain_verify import CHUNK_SIZE, search_block
 
 # GPU: 8 warps, tiles of 1024 elements (4 per thread): the vocabulary tile
@@ -196,9 +196,12 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
     options = VerifyOptions(temperature, logits, *bundle_tail, **named)
     batch_size, tree_size, vocab_size = target.shape
     device = target.device
-    accepted_nodes, output, num_accepted = allocate_outputs(target)
+    outputs = allocate_outputs(target)
+    if options.logprobs is not None:
+        outputs += (torch.empty((batch_size, tree_size), dtype=torch.float32, device=device),)
+    accepted_nodes, output, num_accepted = outputs[:3]
     if batch_size == 0:
-        return accepted_nodes, output, num_accepted
+        return outputs
     # The kernel takes row strides and assumes unit stride along the vocabulary.
     target, draft, num_nodes = (unit_last_stride(tensor) for tensor in (target, draft, num_nodes))
     options = options.tensors_mapped(unit_last_stride)
@@ -217,7 +220,7 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
         _tree_verify_kernel[grid](
             tree_token_ids, parents, target, placeholder if draft is None else draft,
             placeholder if num_nodes is None else num_nodes, *triton_arguments(options, placeholder),
-            accepted_nodes, output, num_accepted,
+            accepted_nodes, output, num_accepted, outputs[-1] if options.logprobs else placeholder,
             *scratch.values(), errors, _faults.give_up_role(), _workspace.launch_stamp(),
             batch_size, tree_size, vocab_size, config.num_chunks, config.num_splits, config.chunks_per_split,
             tree_token_ids.stride(0), tree_token_ids.stride(1), parents.stride(0), parents.stride(1),
@@ -226,12 +229,13 @@ def triton_tree_verify(tree_token_ids, parents, target, draft, num_nodes, temper
             accepted_nodes.stride(0), output.stride(0),
             HAS_DRAFT=draft is not None, HAS_NUM_NODES=num_nodes is not None, REMOVE_DRAWN=rows == 2,
             SCRATCH_ROWS=rows, **triton_flags(options), SPLIT=config.num_splits > 1, SEARCH_BLOCK=config.search_block,
+            LOGPROBS=LOGPROBS_FLAGS[options.logprobs],
             ROWS=config.rows, BLOCK_N=config.block_n, BLOCK_V=config.block_v, CHUNK_TILE=config.chunk_tile,
             REPLAY_SLOTS=config.replay_slots, enable_fp_fusion=False,
             **(launch_options(config, truncate, options.logits and draft is not None, device_capability(device))
                if device.type == "cuda" else {"num_warps": NUM_WARPS}),
         )
-    return accepted_nodes, output, num_accepted
+    return outputs
 
 
 def cuda_workspace_specs(batch_size: int, tree_size: int, vocab_size: int,

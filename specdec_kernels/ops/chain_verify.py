@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend, _library, _validation
+from .. import _library, _validation
 from .._verify_options import LOGPROBS_KINDS, VerifyOptions
 from ..launchers.chain_verify import cuda_chain_verify, triton_chain_verify
 from ..reference import _logprobs, chain_verify as reference
@@ -96,8 +96,9 @@ def chain_verify(
         ``log_softmax`` of logits, the log of a probability) or as
         verification used it (``"processed"``: after temperature and
         truncation; greedy requests report the raw value); ``-inf`` where the
-        token is ``-1``. Reference backend only so far: the others raise
-        ``NotImplementedError`` naming themselves.
+        token is ``-1``. On the reference and Triton backends so far (CUDA
+        raises ``NotImplementedError`` naming itself; ``"auto"`` passes over
+        it).
     backend : {"auto", "reference", "triton", "cuda"}
     validate : bool
         Check token ids, counts, temperatures and the distributions' values
@@ -141,7 +142,7 @@ def chain_verify(
     sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
     if logprobs is not None:
         check.choice("logprobs", logprobs, LOGPROBS_KINDS)
-    resolved = _backend.resolve(OP_NAME, backend, target.device)
+    resolved = _library.verification_backend(OP_NAME, logprobs, backend, target.device)
     if validate:
         _validate_values(check, draft_token_ids, num_draft_tokens, max_drafts, vocab_size)
         check.sampling_values(temperature, logits, target, draft)
@@ -213,4 +214,5 @@ def _fake_logprobs(draft_token_ids, target, *args):
 
 
 _library.register(OP_NAME, {"reference": _reference, "triton": triton_chain_verify, "cuda": cuda_chain_verify}, _fake)
-_library.register(f"{OP_NAME}.logprobs", {"reference": _reference_logprobs}, _fake_logprobs)
+_library.register(f"{OP_NAME}.logprobs", {"reference": _reference_logprobs, "triton": triton_chain_verify},
+                  _fake_logprobs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend, _library, _validation
+from .. import _library, _validation
 from .._verify_options import LOGPROBS_KINDS, VerifyOptions
 from ..launchers.chain_verify import cuda_chain_verify_packed, triton_chain_verify_packed
 from ..reference import _logprobs, chain_verify_packed as reference
@@ -76,7 +76,7 @@ def chain_verify_packed(
         As in :func:`specdec_kernels.chain_verify`: one more output, each emitted
         token's log-probability under the row it was emitted from; NaN for a
         bonus id emitted in the bonus-free layout (its row was not given).
-        Reference backend only so far.
+        On the reference and Triton backends so far.
 
     Returns
     -------
@@ -127,7 +127,7 @@ def chain_verify_packed(
     sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
     if logprobs is not None:
         check.choice("logprobs", logprobs, LOGPROBS_KINDS)
-    resolved = _backend.resolve(OP_NAME, backend, target.device)
+    resolved = _library.verification_backend(OP_NAME, logprobs, backend, target.device)
     if validate:
         _validate_values(check, draft_token_ids, cu_num_draft_tokens, max_drafts, vocab_size)
         check.sampling_values(temperature, logits, target, draft)
@@ -196,4 +196,5 @@ _library.register(
     {"reference": _reference, "triton": triton_chain_verify_packed, "cuda": cuda_chain_verify_packed},
     _fake,
 )
-_library.register(f"{OP_NAME}.logprobs", {"reference": _reference_logprobs}, _fake_logprobs)
+_library.register(f"{OP_NAME}.logprobs", {"reference": _reference_logprobs, "triton": triton_chain_verify_packed},
+                  _fake_logprobs)

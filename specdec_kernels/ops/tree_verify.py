@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend, _library, _validation
+from .. import _library, _validation
 from .._verify_options import LOGPROBS_KINDS, VerifyOptions
 from ..launchers.tree_verify import cuda_tree_verify, triton_tree_verify
 from ..reference import _logprobs, tree_verify as reference
@@ -70,7 +70,7 @@ def tree_verify(
     logprobs : {None, "raw", "processed"}
         As in :func:`specdec_kernels.chain_verify`: one more output, each emitted
         token's log-probability under the row it was emitted from (its path
-        node's row). Reference backend only so far.
+        node's row). On the reference and Triton backends so far.
 
     Returns
     -------
@@ -110,7 +110,7 @@ def tree_verify(
     sampling_parameters = check.sampling_parameters(top_k, top_p, min_p, bonus_token_ids, batch_size)
     if logprobs is not None:
         check.choice("logprobs", logprobs, LOGPROBS_KINDS)
-    resolved = _backend.resolve(OP_NAME, backend, target.device)
+    resolved = _library.verification_backend(OP_NAME, logprobs, backend, target.device)
     if validate:
         try:
             reference.validate_tree(parents, num_nodes, tree_token_ids, vocab_size)
@@ -157,4 +157,5 @@ def _fake_logprobs(tree_token_ids, parents, target, *args):
 
 _library.register(OP_NAME, {"reference": _reference, "triton": triton_tree_verify, "cuda": cuda_tree_verify},
                   _fake)
-_library.register(f"{OP_NAME}.logprobs", {"reference": _reference_logprobs}, _fake_logprobs)
+_library.register(f"{OP_NAME}.logprobs", {"reference": _reference_logprobs, "triton": triton_tree_verify},
+                  _fake_logprobs)

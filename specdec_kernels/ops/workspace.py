@@ -32,7 +32,7 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
     batch_size, max_draft_tokens, vocab_size : int
         The largest ``B``, ``K`` and ``V`` of the calls to come.
     logits : bool
-        Whether the calls pass logits (they need more scratch).
+        Whether the calls pass logits (they need more scratch, and ``logprobs="raw"`` twice the normalisers).
     truncation : bool
         Whether the calls may pass ``top_k`` / ``top_p`` / ``min_p``. Small
         truncating batches share each row's truncation search among the
@@ -78,7 +78,7 @@ def reserve_workspace(device=None, *, batch_size: int, max_draft_tokens: int, vo
     specs = {}
     if _backend.available("chain_verify", "triton", device):
         specs.update(chain_verify_launchers.triton_workspace_specs(
-            batch_size, rows_per_request, vocab_size, logits, device, truncation))
+            batch_size, rows_per_request, vocab_size, logits, device, truncation, raw_logprobs=logits))
     if _backend.available("chain_verify", "cuda", device):
         specs.update(chain_verify_launchers.cuda_workspace_specs(
             batch_size, rows_per_request, vocab_size, logits, device, truncation))
