@@ -77,10 +77,19 @@ SPECDEC_HOST_DEVICE SoftmaxStats slice_stats(const Block& block, const Prob* tar
   return block.block_all_reduce(stats, MergeStats{temperature});
 }
 
+// Whether values[first, first + kPerThread) can be one vector load of its
+// kPerThread * sizeof(Prob) bytes: whole (inside the vocabulary) and aligned,
+// which it is for every full chunk of a row whose start is aligned (first is
+// a multiple of kPerThread).
+template <int kPerThread, class Prob>
+SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE bool vector_loadable(const Prob* values, int64_t first, int64_t vocab_size) {
+  return first + kPerThread <= vocab_size &&
+         reinterpret_cast<uintptr_t>(values + first) % (sizeof(Prob) * kPerThread) == 0;
+}
+
 // values[first, first + kPerThread) as floats, 0 past the vocabulary. On the
-// GPU one vector load (16 bytes of fp32, 8 of bf16/fp16) when the span is
-// whole and aligned, which it is for every full chunk of a row whose start
-// is aligned (first is a multiple of kPerThread).
+// GPU one vector load (16 bytes of fp32, 8 of bf16/fp16) where
+// vector_loadable.
 template <int kPerThread, class Prob>
 SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_span(const Prob* values, int64_t first, int64_t vocab_size,
                                                        float (&out)[kPerThread]) {
@@ -89,7 +98,7 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_span(const Prob* values, int64
   struct alignas(kBytes) Span {
     Prob value[kPerThread];
   };
-  if (first + kPerThread <= vocab_size && reinterpret_cast<uintptr_t>(values + first) % kBytes == 0) {
+  if (vector_loadable<kPerThread>(values, first, vocab_size)) {
     const Span span = *reinterpret_cast<const Span*>(values + first);
     SPECDEC_UNROLL
     for (int j = 0; j < kPerThread; ++j) out[j] = to_float(span.value[j]);
@@ -127,7 +136,7 @@ SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE void load_stored_span(const Prob* values
   struct alignas(kBytes) Words {
     uint32_t word[kBytes / 4];
   };
-  if (first + kPerThread <= vocab_size && reinterpret_cast<uintptr_t>(values + first) % kBytes == 0) {
+  if (vector_loadable<kPerThread>(values, first, vocab_size)) {
     const Words loaded = *reinterpret_cast<const Words*>(values + first);
     SPECDEC_UNROLL
     for (int i = 0; i < kBytes / 4; ++i) out.words[i] = loaded.word[i];

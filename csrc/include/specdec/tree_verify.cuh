@@ -258,8 +258,9 @@ struct Row {
 
   SPECDEC_HOST_DEVICE SPECDEC_FORCEINLINE float at(int64_t index, bool logits, float temperature) const {
     if (input == nullptr) return normalised[index];
-    const float x = to_float(input[index]);
-    return truncated_probability(logits ? softmax_prob(x, stats, temperature) : x, truncation);
+    float value[1] = {to_float(input[index])};
+    process_span(index, index + 1, logits, temperature, value);  // a span of one entry, inside the vocabulary
+    return value[0];
   }
 
   // Entries [first, first + kCount), 0 past the vocabulary.
