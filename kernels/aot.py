@@ -233,8 +233,7 @@ def chain_verify_variants():
               + [(shape, None, True) for shape in CHAIN_VERIFY_SAMPLING_SHAPES] + list(CHAIN_VERIFY_LOGPROBS_SHAPES))
     for (batch, drafts, vocab, dtype, draft, logits, per_request, packed), logprobs, sampling in shapes:
         # The launcher's plan rule (sampling: truncation, staged where rows split, else the walk).
-        plan = chain_plan(batch, drafts + 1, vocab, H200_MULTIPROCESSORS, GPU_LIMITS, logits, sampling,
-                          logprobs is not None)
+        plan = chain_plan(batch, drafts + 1, vocab, H200_MULTIPROCESSORS, GPU_LIMITS, logits, sampling)
         config, staged = plan.config, plan.staged
         signature = {
             "draft_ids_ptr": "*i64", "target_ptr": f"*{dtype}", "draft_ptr": f"*{dtype}",

@@ -53,7 +53,8 @@ Truncation (top-k / top-p / min-p). A threshold needs the whole row.
   and wait for all (the take/publish/wait of
   ``kernels/stage_records.py``). Stage 0 is the logits normalisers (in
   place of the two waves); the stages after it are the truncation search of
-  every row a decision may need, ``0..n_b`` (``0..n_b - 1`` with a bonus id in ``[0, V)``),
+  every row a decision may need, ``0..n_b`` (``0..n_b - 1`` with a bonus id in ``[0, V)``, unless
+  ``LOGPROBS`` scores it under row ``n_b``),
   all at once, since the stop is unknown until the thresholds are: rows past
   the stop are read for nothing, the price of not deciding row by row. The
   totals are integer sums, so each program derives the same thresholds and
@@ -138,7 +139,8 @@ def _walk_rows(
 
     A request's row ``i`` is read only while the request is still accepting,
     so the rows read are exactly ``0..min(j, last_row)`` (target; ``last_row``
-    is ``n_b - 1`` when the engine gives the bonus token) and
+    is ``n_b - 1`` when the engine gives the bonus token, unless ``LOGPROBS``
+    scores it under its row) and
     ``0..min(j, n_b - 1)`` (draft, sampled requests). Each target row read gets the statistics the
     acceptance test needs: softmax ``(max, 1 / sum)`` with logits, the
     truncation threshold and reciprocal where ``truncating`` (draft rows are

@@ -10,8 +10,8 @@ a few dependent round trips to L2, not one per slice.
 import triton
 import triton.language as tl
 
-from .chain_verify_rows import row_at, sample_slice, target_logprob
-from .sampling import choice_draw, choose_chunk, chunk_sums, given_values
+from .chain_verify_rows import emitted_logprob, row_at, sample_slice
+from .sampling import choice_draw, choose_chunk, chunk_sums
 
 @triton.jit
 def _combine_argmax(stat_max_ptr, stat_arg_ptr, requests, rows, num_splits, max_drafts,
@@ -114,10 +114,6 @@ def write_outputs(output_ptr, num_accepted_ptr, logprobs_ptr, requests, active, 
     tl.store(num_accepted_ptr + requests, stop, mask=active)
     if LOGPROBS:
         target_rows, stride_target_k, row_given, greedy, statistics, raw_sum, truncation = scored_rows
-        read = written & (output >= 0) & row_given
-        given = given_values(row_at(target_rows[:, None], positions, stride_target_k), tl.where(read, output, 0),
-                             read, LOGITS)
-        value = target_logprob(given, read, statistics, raw_sum, truncation, greedy[:, None], LOGITS, TRUNCATE,
-                               LOGPROBS)
-        value = tl.where(row_given, value, float("nan"))
-        tl.store(logprobs_ptr + slots, tl.where(output < 0, -float("inf"), value), mask=written)
+        value = emitted_logprob(row_at(target_rows[:, None], positions, stride_target_k), output, written & row_given,
+                                statistics, raw_sum, truncation, greedy[:, None], LOGITS, TRUNCATE, LOGPROBS)
+        tl.store(logprobs_ptr + slots, tl.where(row_given | (output < 0), value, float("nan")), mask=written)

@@ -8,7 +8,8 @@ and ``scan_statistics`` those of a slice of rows ``0..n_b``, stored per
 slice (draft rows are always probabilities: they need none);
 ``request_temperatures`` the requests' greedy flags and ``1 / T``;
 ``acceptance`` the test of a proposed token; ``target_logprob`` the
-log-probability an emitted token is reported with;
+log-probability an emitted token is reported with (``emitted_logprob``
+reads the value);
 ``sample_slice`` is the per-element pass of the sampler: loads, subtract,
 clamp, scale, convert, one int64 scan per 1024-token chunk, a compare and
 a count (``kernels/sampling.py``); no random number per element.
@@ -104,6 +105,17 @@ def target_logprob(given, scored, statistics, raw_sum, truncation, greedy, LOGIT
                                   truncation, LOGITS, TRUNCATE)
         return tl.where(greedy, raw, tl.log(tl.where(scored, p, 1.0)))
     return raw
+
+
+@triton.jit
+def emitted_logprob(row, token, scored, statistics, raw_sum, truncation, greedy, LOGITS: tl.constexpr,
+                    TRUNCATE: tl.constexpr, LOGPROBS: tl.constexpr):
+    """The score of an emitted ``token`` under its target ``row`` (:func:`target_logprob` of its value, read
+    here): ``-inf`` where the token is -1 (the contract's first rule); other lanes not ``scored`` come out 0."""
+    read = scored & (token >= 0)
+    given = given_values(row, tl.where(read, token, 0), read, LOGITS)
+    value = target_logprob(given, read, statistics, raw_sum, truncation, greedy, LOGITS, TRUNCATE, LOGPROBS)
+    return tl.where(token >= 0, value, -float("inf"))
 
 
 @triton.jit

@@ -74,10 +74,11 @@ Offsets that multiply a stride are 64-bit.
 import triton
 import triton.language as tl
 
-from .chain_verify_rows import (RAW_LOGPROBS, acceptance, drawn_from_draft, inverse_norm, proposal_probability,
-                                request_temperatures, row_pointers, row_statistics, target_logprob, target_probability)
+from .chain_verify_rows import (RAW_LOGPROBS, acceptance, drawn_from_draft, emitted_logprob, inverse_norm,
+                                proposal_probability, request_temperatures, row_pointers, row_statistics,
+                                target_probability)
 from .rng import ACCEPT_STREAM, random_words, request_key
-from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point, given_values,
+from .sampling import (choice_draw, choose_chunk, chunk_draw, chunk_pick, chunk_sums, fixed_point,
                        normaliser_reciprocal, split_sums)
 from .faults import TREE_WAIT_GAVE_UP
 from .stage_records import STAGE_WORDS, publish, take_slice, wait_for_stage
@@ -371,13 +372,11 @@ def _node_statistics(target_row, needs_statistics, needs_threshold, inverse_temp
 def _scores(target_row, token, scored, p_max, p_inverse_norm, inverse_temperature, p_raw_sum, truncation_threshold,
             truncation_reciprocal, truncating, greedy, LOGITS: tl.constexpr, TRUNCATE: tl.constexpr,
             LOGPROBS: tl.constexpr):
-    """``LOGPROBS``: the score of each row's ``token`` under its current node's target row (``target_logprob``,
-    with the node's statistics and truncation); -inf where the token is -1."""
-    given = given_values(target_row, token, scored & (token >= 0), LOGITS)
-    value = target_logprob(given, scored & (token >= 0), (p_max, p_inverse_norm, inverse_temperature), p_raw_sum,
+    """``LOGPROBS``: the score of each row's ``token`` under its current node's target row (``emitted_logprob``,
+    with the node's statistics and truncation)."""
+    return emitted_logprob(target_row, token, scored, (p_max, p_inverse_norm, inverse_temperature), p_raw_sum,
                            (truncation_threshold, truncation_reciprocal, truncating != 0), greedy, LOGITS, TRUNCATE,
                            LOGPROBS)
-    return tl.where(token >= 0, value, -float("inf"))
 
 
 @triton.jit(do_not_specialize=[

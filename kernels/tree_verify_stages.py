@@ -24,9 +24,10 @@ end record (:func:`end_record`):
 2-7   the rejection totals, split at bit 31: residual, ``p``, ``q`` without
       the rejected token (integer sums, so the order of the atomic adds
       does not matter)
-2-6   an entry instead: the float32 bits of ``p``'s max and ``1 / sum``,
-      the greedy token, the truncation threshold and the float64 bits of
-      its reciprocal (:func:`publish_entry`; the draft is probabilities)
+2-7   an entry instead: the float32 bits of ``p``'s max and ``1 / sum``,
+      the greedy token, the truncation threshold, the float64 bits of its
+      reciprocal and (``LOGPROBS``) the float32 bits of the raw scores' sum
+      (:func:`publish_entry`; the draft is probabilities)
 ====  ====================================================================
 
 The rejection a stage makes (token, residual-had-mass flag, reciprocals)

@@ -64,10 +64,7 @@ def test_launch_options_by_triton_version(monkeypatch):
     for older in (False, True):
         for module in (chain, tree, attention):
             monkeypatch.setattr(module, "older_triton", lambda older=older: older)
-        assert chain.num_warps(True, staged=True) == (16 if older else 8)
-        assert (chain.num_warps(True), chain.num_warps(False)) == (8, 4)
-        assert chain.num_warps(True, logprobs=True) == (16 if older else 8)
-        assert chain.num_warps(False, logprobs=True) == 4
+        assert (chain.num_warps(True), chain.num_warps(False)) == (16 if older else 8, 4)  # the walk and staged
         assert tree.launch_options(small, False) == {"num_warps": 4 if older else 8, "maxnreg": 128}
         assert tree.launch_options(split, True) == {"num_warps": 8, "maxnreg": 168 if older else 128}
         assert tree.launch_options(split, False) == {"num_warps": 8, "maxnreg": 128}

@@ -10,7 +10,8 @@ from __future__ import annotations
 from .._verify_options import VerifyOptions
 
 
-# The chain kernel's LOGPROBS (kernels/chain_verify_rows.py: RAW_LOGPROBS, PROCESSED_LOGPROBS) of `logprobs=`.
+# The verification kernels' LOGPROBS (kernels/chain_verify_rows.py: RAW_LOGPROBS, PROCESSED_LOGPROBS) of
+# `logprobs=`.
 LOGPROBS_FLAGS = {None: 0, "raw": 1, "processed": 2}
 
 

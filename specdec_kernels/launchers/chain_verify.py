@@ -51,18 +51,19 @@ INTERPRETER_LIMITS = Limits(tile=32768, decision_tile=1 << 20, combine_tile=1 <<
                             search_tile=1 << 20)
 
 
-def num_warps(truncate: bool, staged: bool = False, logprobs: bool = False) -> int:
+def num_warps(truncate: bool) -> int:
     """4 warps; 8 with truncation, whose search and walk state spilled 12-32 bytes at 4 (sm_80, V = 128256).
 
-    The staged plan under Triton before 3.9: 16. Triton 3.6 spilled 8-112 bytes at 8 warps and 128 registers
-    (V = 128256 probabilities and packed logits, V = 151936 logits; 160 registers or 16 warps spill none), and
-    16 warps at 128 registers is one program of 512 threads an SM, the threads of two 8-warp programs (160
-    registers would leave one 8-warp program an SM). Running programs take the stages' slices from a counter,
-    so with one resident program an SM none waits on a program that has not started. The walk with truncation
-    and ``logprobs`` under Triton 3.6 too: at 8 warps its rows' statistics kept for the scores spilled 104 bytes
-    (V = 128256 logits, sm_90a).
+    With truncation under Triton before 3.9: 16. The staged plan spilled 8-112 bytes at 8 warps and 128
+    registers under Triton 3.6 (V = 128256 probabilities and packed logits, V = 151936 logits; 160 registers
+    or 16 warps spill none), and 16 warps at 128 registers is one program of 512 threads an SM, the threads of
+    two 8-warp programs (160 registers would leave one 8-warp program an SM). Running programs take the
+    stages' slices from a counter, so with one resident program an SM none waits on a program that has not
+    started. The walk spilled 104 bytes at 8 warps with ``logprobs`` (V = 128256 logits, sm_90a), and its
+    warps may not depend on ``logprobs``: they set the order of a row's float32 softmax sum, so the tokens of
+    logits would (a call gives the same tokens with and without scores).
     """
-    if truncate and (staged or logprobs) and older_triton():
+    if truncate and older_triton():
         return 16
     return 8 if truncate else 4
 
@@ -155,7 +156,7 @@ class ChainPlan(NamedTuple):
 
 
 def chain_plan(batch_size: int, rows_per_request: int, vocab_size: int, multiprocessors: int | None,
-               limits: Limits, logits: bool, truncate: bool, logprobs: bool = False) -> ChainPlan:
+               limits: Limits, logits: bool, truncate: bool) -> ChainPlan:
     """The one plan rule of a chain launch, which the launcher and ``kernels/aot.py`` both follow."""
     if truncate:
         config, staged = truncation_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits)
@@ -163,7 +164,7 @@ def chain_plan(batch_size: int, rows_per_request: int, vocab_size: int, multipro
         config, staged = launch_config(batch_size, rows_per_request, vocab_size, multiprocessors, limits), False
     walk = (logits or truncate) and config.num_splits == 1
     waves = 2 if logits and not walk and not staged else 1
-    options = {"num_warps": num_warps(truncate, staged, logprobs), "enable_fp_fusion": False,
+    options = {"num_warps": num_warps(truncate), "enable_fp_fusion": False,
                **({} if config.max_registers is None else {"maxnreg": config.max_registers})}
     return ChainPlan(config, staged, walk, waves, options)
 
@@ -272,8 +273,7 @@ def _triton_launch(draft_token_ids, target, draft, num_draft_tokens, cu_num_draf
     logits, truncate = options.logits, options.truncates
     multiprocessors = _multiprocessor_count(device) if device.type == "cuda" else None
     limits = GPU_LIMITS if multiprocessors is not None else INTERPRETER_LIMITS
-    plan = chain_plan(batch_size, rows_per_request, vocab_size, multiprocessors, limits, logits, truncate,
-                      options.logprobs is not None)
+    plan = chain_plan(batch_size, rows_per_request, vocab_size, multiprocessors, limits, logits, truncate)
     config = plan.config
     row_blocks = cdiv(batch_size, config.rows)
     guard = device_guard(device)
