@@ -201,9 +201,8 @@ def run(op_name: str, *args):
 def verification_backend(op_name: str, logprobs: str | None, backend: str, device: torch.device) -> str:
     """The backend a verification op runs on (``_backend.resolve``): with ``logprobs``, ``"auto"`` chooses among
     the backends that have it."""
-    if logprobs is None:
-        return _backend.resolve(op_name, backend, device)
-    return _resolve_among(op_name, backend, device, IMPLEMENTATIONS[f"{op_name}.logprobs"])
+    overload = op_name if logprobs is None else f"{op_name}.logprobs"
+    return _resolve_among(op_name, backend, device, IMPLEMENTATIONS[overload])
 
 
 def _resolve_among(op_name: str, backend: str, device: torch.device, implemented) -> str:
